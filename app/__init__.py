@@ -1,0 +1,1 @@
+"""The specwire command line and terminal chat."""

@@ -1,0 +1,72 @@
+"""The `specwire` command: argument parsing and dispatch to one function per subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from app import commands
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(prog="specwire", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    models = sub.add_parser("models", help="build or manage model files")
+    models_sub = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
+    tiny = models_sub.add_parser("tiny", help="build the tiny test models (a target and two drafters)")
+    tiny.add_argument("dir", help="output folder")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(run=commands.models_tiny)
+
+    serve = sub.add_parser("serve", help="run the verification service")
+    serve.add_argument("--target", required=True, help="target model: a Hugging Face folder")
+    serve.add_argument("--backend", default="torch", choices=["torch"], help="target engine")
+    serve.add_argument("--device", default=env("SPECWIRE_DEVICE", "auto"), choices=["auto", "cpu", "cuda"])
+    serve.add_argument("--host", default=env("SPECWIRE_HOST", "127.0.0.1"))
+    serve.add_argument("--port", type=int, default=int(env("SPECWIRE_PORT", "8765")), help="0 picks a free port")
+    serve.add_argument("--token-file", default=env("SPECWIRE_TOKEN_FILE"),
+                       help="file holding the bearer token clients must send")
+    serve.add_argument("--max-draft", type=int, default=32, help="longest draft block per round")
+    serve.add_argument("--max-context", type=int, default=4096, help="longest history per session")
+    serve.set_defaults(run=commands.serve)
+
+    gen = sub.add_parser("generate", help="generate a continuation of one prompt")
+    gen.add_argument("--draft", required=True, help="draft model GGUF file")
+    where = gen.add_mutually_exclusive_group(required=True)
+    where.add_argument("--server", default=env("SPECWIRE_SERVER"), help="ws://HOST:PORT of a verification service")
+    where.add_argument("--offline", action="store_true", help="draft model alone, no verification")
+    gen.add_argument("--token-file", default=env("SPECWIRE_TOKEN_FILE"))
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    gen.add_argument("--top-k", type=int, default=0, help="0 keeps every token")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--k", type=int, default=4, help="draft tokens per round; 0 = target only")
+    gen.add_argument("--draft-gpu-layers", type=int, default=-1,
+                     help="layers of the draft model on the GPU (-1: all, 0: none)")
+    gen.add_argument("--json", action="store_true", help="print one JSON object with text, token ids and stats")
+    gen.set_defaults(run=commands.generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return args.run(args) or 0
+    except commands.UserError as exc:
+        print(f"specwire: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""What each `specwire` subcommand does, given its parsed arguments.
+
+Heavy modules (torch, transformers) are imported inside the commands that need them, so
+`specwire generate` starts without them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import codecs
+import json
+import logging
+import os
+import stat
+import sys
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+class UserError(Exception):
+    """A problem the user can fix; printed as one line, exit status 2."""
+
+
+def read_token_file(path: str | None) -> str | None:
+    if not path:
+        return None
+    file = Path(path)
+    try:
+        token = file.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise UserError(f"cannot read the token file {path}: {exc.strerror}") from exc
+    if not token:
+        raise UserError(f"the token file {path} is empty")
+    if file.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warning("token file %s can be read by other users: chmod 600 %s", path, path)
+    return token
+
+
+def models_tiny(args: argparse.Namespace) -> int:
+    from models.tiny import build_tiny_models
+
+    paths = build_tiny_models(Path(args.dir), seed=args.seed)
+    for label, path in (("target", paths.target), ("draft", paths.draft), ("draft-far", paths.draft_far)):
+        print(f"{label:10s} {path}")
+    return 0
+
+
+def serve(args: argparse.Namespace) -> int:
+    from remote_verify.backends import load_backend
+    from remote_verify.server import ServiceConfig, VerifyService
+    from remote_verify.session import SessionLimits
+
+    token = read_token_file(args.token_file)
+    try:
+        backend = load_backend(args.backend, args.target, device=args.device)
+    except (FileNotFoundError, OSError, ValueError, RuntimeError) as exc:
+        raise UserError(f"cannot load the target {args.target}: {exc}") from exc
+    config = ServiceConfig(host=args.host, port=args.port, token=token,
+                           limits=SessionLimits(max_draft=args.max_draft, max_context=args.max_context))
+    service = VerifyService(backend, config)
+
+    def announce(url: str) -> None:
+        print(f"listening on {url}", flush=True)
+
+    try:
+        asyncio.run(service.run(announce))
+    except OSError as exc:
+        raise UserError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from exc
+    return 0
+
+
+def generate(args: argparse.Namespace) -> int:
+    from local_draft.draft_model import DraftModel, DraftModelError
+    from local_draft.speculator import Speculator
+    from local_draft.verify_client import ServiceUnreachable, VerifyClient, VerifyError
+    from remote_verify.protocol import Hello, SamplingParams
+
+    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    problems = params.problems() + ([f"--k must be 0 or more, got {args.k}"] if args.k < 0 else [])
+    if problems:
+        raise UserError("; ".join(problems))
+    try:
+        draft = DraftModel(args.draft, gpu_layers=args.draft_gpu_layers)
+    except DraftModelError as exc:
+        raise UserError(str(exc)) from exc
+
+    client = None
+    if not args.offline:
+        hello = Hello(vocab_fingerprint=draft.vocab_fingerprint, vocab_size=draft.vocab_size,
+                      bos_id=draft.bos_id, eos_id=draft.eos_id, sampling=params, seed=args.seed,
+                      client="specwire generate")
+        try:
+            client = VerifyClient(args.server, hello, token=read_token_file(args.token_file))
+        except (ServiceUnreachable, VerifyError) as exc:
+            raise UserError(f"{exc} (or run with --offline)") from exc
+
+    prompt = draft.tokenize(args.prompt)
+    speculator = Speculator(draft, client, params, k=args.k, seed=args.seed)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def stream(tokens: list[int], provenance: list[str]) -> None:
+        if not args.json:
+            sys.stdout.write(decoder.decode(b"".join(draft.token_bytes(t) for t in tokens)))
+            sys.stdout.flush()
+
+    try:
+        result = speculator.generate(prompt, args.max_tokens, on_commit=stream)
+    except (ServiceUnreachable, VerifyError) as exc:
+        raise UserError(str(exc)) from exc
+    finally:
+        if client is not None:
+            client.close()
+
+    text = b"".join(draft.token_bytes(t) for t in result.token_ids).decode("utf-8", errors="replace")
+    stats = result.stats
+    if args.json:
+        print(json.dumps({
+            "text": text, "token_ids": result.token_ids, "prompt_tokens": len(prompt),
+            "stop_reason": result.stop_reason, "mode": "offline" if args.offline else "hybrid",
+            "k": args.k, "stats": stats.as_dict(),
+        }))
+    else:
+        sys.stdout.write(decoder.decode(b"", final=True) + "\n")
+        print(f"[stopped at {result.stop_reason}: {stats.generated} tokens in {stats.wall_s:.2f} s, "
+              f"{stats.rounds} rounds, acceptance {stats.acceptance_rate:.2f}, "
+              f"{stats.tokens_per_round:.2f} tokens/round, {stats.tokens_per_s:.1f} tokens/s]", file=sys.stderr)
+    return 0

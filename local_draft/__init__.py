@@ -1,0 +1,1 @@
+"""The client side: draft model, sampling, verify client and the speculation loop."""

@@ -1,0 +1,142 @@
+"""The draft model: a GGUF file run by llama.cpp, proposing blocks of tokens.
+
+This is the only module that imports llama_cpp. The model keeps a KV cache of the tokens
+it has evaluated; `propose` first catches the cache up with the committed history (reusing
+the longest common prefix, so a rejection costs a roll back, not a recompute), then
+drafts k tokens one at a time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from pathlib import Path
+from typing import Sequence
+
+import llama_cpp
+import numpy as np
+
+from remote_verify.protocol import SamplingParams, SparseDist, vocab_fingerprint
+from remote_verify.sampling import sample, truncate, warp
+
+log = logging.getLogger(__name__)
+
+WIRE_TOP_K_CAP = 64  # draft distributions travel as their 64 most likely tokens at most
+
+
+class DraftModelError(RuntimeError):
+    """The draft model cannot be loaded or cannot go on (file missing, context full)."""
+
+
+class DraftModel:
+    def __init__(self, path: str | Path, n_ctx: int = 4096, gpu_layers: int = -1,
+                 n_threads: int | None = None):
+        path = Path(path)
+        if not path.is_file():
+            raise DraftModelError(f"draft model not found: {path}")
+        try:
+            self._llama = llama_cpp.Llama(
+                model_path=str(path),
+                n_ctx=n_ctx,
+                n_batch=512,
+                n_gpu_layers=gpu_layers,  # -1: every layer on the GPU when llama.cpp has one
+                n_threads=n_threads or max(1, os.cpu_count() or 1),
+                logits_all=False,  # logits are read for the last position only
+                verbose=False,
+            )
+        except (ValueError, RuntimeError) as exc:
+            raise DraftModelError(f"llama.cpp could not load {path}: {exc}") from exc
+        self.path = path
+        self.n_ctx = n_ctx
+        self._vocab = llama_cpp.llama_model_get_vocab(self._llama.model)
+        self.vocab_size = self._llama.n_vocab()
+        self.bos_id = self._llama.token_bos()
+        self.eos_id = self._llama.token_eos()
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+        self.gpu_offload = bool(llama_cpp.llama_supports_gpu_offload()) and gpu_layers != 0
+        self._fingerprint: str | None = None
+        log.info("draft model %s: vocab %d, gpu offload %s", path.name, self.vocab_size, self.gpu_offload)
+
+    # ---- vocabulary -----------------------------------------------------------------
+
+    def token_text(self, token_id: int) -> bytes:
+        """The token's stored text (not its detokenized bytes): what the fingerprint hashes."""
+        return llama_cpp.llama_vocab_get_text(self._vocab, token_id) or b""
+
+    @property
+    def vocab_fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = vocab_fingerprint([self.token_text(i) for i in range(self.vocab_size)])
+        return self._fingerprint
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._llama.metadata.get("tokenizer.chat_template")
+
+    def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
+        add_bos = self.add_bos if add_bos is None else add_bos
+        return self._llama.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token stands for in output text (control tokens give none)."""
+        return self._llama.detokenize([token_id], special=False)
+
+    # ---- drafting -------------------------------------------------------------------
+
+    @property
+    def evaluated(self) -> list[int]:
+        """Tokens whose keys and values are in the cache, in order."""
+        return self._llama.input_ids[: self._llama.n_tokens].tolist()
+
+    def propose(self, context: Sequence[int], k: int, params: SamplingParams,
+                rng: np.random.Generator, cap: int | None = WIRE_TOP_K_CAP
+                ) -> tuple[list[int], list[SparseDist]]:
+        """Draft k tokens after `context`; returns them and (when sampling) their distributions.
+
+        Sampling draws from the warped draft distribution truncated to `cap` tokens, and
+        returns exactly that distribution, so the service can apply min(1, p/q).
+        """
+        if len(context) + k > self.n_ctx:
+            raise DraftModelError(
+                f"context full: {len(context)} tokens + {k} drafted exceeds the draft context of {self.n_ctx}")
+        self._catch_up(context)
+        tokens: list[int] = []
+        dists: list[SparseDist] = []
+        for i in range(k):
+            logits = self._last_logits()
+            if params.greedy:
+                token = int(np.argmax(logits))
+            else:
+                probs = warp(logits, params)
+                dist = truncate(probs, cap or self.vocab_size)
+                token = sample(dist, rng)
+                dists.append(dist)
+            tokens.append(token)
+            if i + 1 < k:
+                self._llama.eval([token])
+        return tokens, dists
+
+    def rollback(self, n_keep: int) -> None:
+        """Forget every cached position from n_keep on (the next eval overwrites them)."""
+        self._llama.n_tokens = min(n_keep, self._llama.n_tokens)
+
+    def _catch_up(self, context: Sequence[int]) -> None:
+        """Make the cache hold exactly `context`, evaluating at least its last token."""
+        if not context:
+            raise DraftModelError("empty context: drafting needs at least one token (the prompt or BOS)")
+        cached = self._llama.input_ids[: self._llama.n_tokens]
+        common = 0
+        limit = min(len(cached), len(context))
+        while common < limit and cached[common] == context[common]:
+            common += 1
+        common = min(common, len(context) - 1)  # the last token is re-run for its logits
+        self.rollback(common)
+        self._llama.eval(list(context[common:]))
+
+    def _last_logits(self) -> np.ndarray:
+        """Logits (V,) of the last evaluated position, copied out of llama.cpp's buffer."""
+        pointer = llama_cpp.llama_get_logits_ith(self._llama.ctx, -1)
+        return np.ctypeslib.as_array(
+            ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), shape=(self.vocab_size,)
+        ).copy()

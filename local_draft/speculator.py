@@ -1,0 +1,172 @@
+"""The speculation loop: draft k tokens, have the service verify them, commit, repeat.
+
+The client holds the whole history; the service holds a copy it extends each round. When
+the two could differ (a reply cut at EOS, a new turn, an error) the client sends Sync.
+Every committed token is reported with its provenance: "draft" (a draft token the target
+accepted), "target" (the target's correction or bonus) or "offline" (unverified).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from local_draft.draft_model import DraftModel, DraftModelError
+from local_draft.verify_client import VerifyClient, VerifyError
+from remote_verify.protocol import SamplingParams, Sync, Verify
+
+OnCommit = Callable[[list[int], list[str]], None]  # (tokens, provenance of each)
+
+
+@dataclass
+class GenerationStats:
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    generated: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)  # rounds accepting position i
+    drafted_per_position: list[int] = field(default_factory=list)  # rounds drafting position i
+    draft_s: float = 0.0
+    verify_s: float = 0.0  # round trips, service time included
+    wall_s: float = 0.0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        return self.generated / self.rounds if self.rounds else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated / self.wall_s if self.wall_s > 0 else 0.0
+
+    def record_round(self, drafted: int, accepted: int, committed: int) -> None:
+        self.rounds += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.generated += committed
+        for counts, n in ((self.drafted_per_position, drafted), (self.accepted_per_position, accepted)):
+            counts.extend([0] * (n - len(counts)))
+            for i in range(n):
+                counts[i] += 1
+
+    def as_dict(self) -> dict:
+        return {
+            "rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
+            "generated": self.generated, "acceptance_rate": round(self.acceptance_rate, 4),
+            "tokens_per_round": round(self.tokens_per_round, 4),
+            "accepted_per_position": self.accepted_per_position,
+            "drafted_per_position": self.drafted_per_position,
+            "draft_s": round(self.draft_s, 4), "verify_s": round(self.verify_s, 4),
+            "wall_s": round(self.wall_s, 4), "tokens_per_s": round(self.tokens_per_s, 2),
+            "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
+        }
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    stop_reason: str  # "eos", "max_tokens" or "context"
+    stats: GenerationStats
+
+
+class Speculator:
+    def __init__(self, draft: DraftModel, client: VerifyClient | None, params: SamplingParams,
+                 k: int = 4, seed: int | None = None):
+        self.draft = draft
+        self.client = client
+        self.params = params
+        self.k = k
+        self.rng = np.random.default_rng(seed)
+        self._service_history: list[int] = []  # what the service holds, as far as we know
+        self._seq = 0
+
+    def generate(self, context: Sequence[int], max_tokens: int,
+                 on_commit: OnCommit | None = None) -> Generation:
+        """Continue `context` by up to max_tokens tokens (fewer at EOS or a full context)."""
+        history = list(context)
+        new: list[int] = []
+        stats = GenerationStats()
+        started = time.perf_counter()
+        sent0, received0 = self._byte_counts()
+        stop_reason = "max_tokens"
+        while len(new) < max_tokens:
+            try:
+                committed, provenance = self._round(history, max_tokens - len(new), stats)
+            except DraftModelError:
+                stop_reason = "context"
+                break
+            if self.draft.eos_id in committed:
+                cut = committed.index(self.draft.eos_id) + 1
+                committed, provenance = committed[:cut], provenance[:cut]
+                stop_reason = "eos"
+            history += committed
+            new += committed
+            if on_commit:
+                on_commit(committed, provenance)
+            if stop_reason == "eos":
+                break
+        stats.wall_s = time.perf_counter() - started
+        sent1, received1 = self._byte_counts()
+        stats.bytes_sent, stats.bytes_received = sent1 - sent0, received1 - received0
+        return Generation(new, stop_reason, stats)
+
+    def _round(self, history: list[int], remaining: int,
+               stats: GenerationStats) -> tuple[list[int], list[str]]:
+        """One round; returns the committed tokens and the provenance of each."""
+        if self.client is None:  # offline: the draft model alone, from its full distribution
+            t0 = time.perf_counter()
+            tokens, _ = self.draft.propose(history, 1, self.params, self.rng, cap=None)
+            stats.draft_s += time.perf_counter() - t0
+            stats.record_round(0, 0, 1)
+            return tokens, ["offline"]
+
+        k = max(0, min(self.k, remaining - 1))  # the service always adds one token of its own
+        t0 = time.perf_counter()
+        draft, dists = self.draft.propose(history, k, self.params, self.rng) if k else ([], [])
+        if self.draft.eos_id in draft:  # nothing after an end of text is worth verifying
+            cut = draft.index(self.draft.eos_id) + 1
+            draft, dists = draft[:cut], dists[:cut]
+        t1 = time.perf_counter()
+        verdict = self._verify(history, draft, dists)
+        stats.draft_s += t1 - t0
+        stats.verify_s += time.perf_counter() - t1
+        committed = draft[: verdict.accepted] + [verdict.token]
+        self._service_history = history + committed
+        stats.record_round(len(draft), verdict.accepted, len(committed))
+        return committed, ["draft"] * verdict.accepted + ["target"]
+
+    def _verify(self, history: list[int], draft: list[int], dists):
+        known = self._service_history
+        if known != history[: len(known)]:
+            self._sync(history)
+            known = self._service_history
+        self._seq += 1
+        request = Verify(seq=self._seq, committed_len=len(known), append=history[len(known):],
+                         draft=draft, draft_dists=dists)
+        try:
+            return self.client.verify(request)
+        except VerifyError as exc:
+            if exc.fatal or exc.code not in ("stale_state", "bad_seq"):
+                raise
+        self._sync(history)  # the service lost track of us: rebuild its copy, retry once
+        self._seq += 1
+        return self.client.verify(Verify(seq=self._seq, committed_len=len(history), draft=draft,
+                                         draft_dists=dists))
+
+    def _sync(self, history: list[int]) -> None:
+        self._seq += 1
+        self.client.sync(Sync(seq=self._seq, tokens=list(history)))
+        self._service_history = list(history)
+
+    def _byte_counts(self) -> tuple[int, int]:
+        if self.client is None:
+            return 0, 0
+        return self.client.bytes_sent, self.client.bytes_received

@@ -1,0 +1,89 @@
+"""The client end of the wire: a blocking WebSocket connection to a verification service.
+
+Blocking on purpose: the speculation loop alternates draft and verify on one thread,
+and a synchronous socket keeps that loop a plain loop. Byte counts are payload bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidHandshake
+from websockets.sync.client import ClientConnection, connect
+
+from remote_verify.protocol import (
+    SUBPROTOCOL,
+    Error,
+    Hello,
+    Sync,
+    Synced,
+    Verdict,
+    Verify,
+    Welcome,
+    decode_server_message,
+    encode,
+)
+
+log = logging.getLogger(__name__)
+
+
+class VerifyError(RuntimeError):
+    """The service refused a request; `code` says why, `fatal` whether the session is over."""
+
+    def __init__(self, code: str, message: str, fatal: bool = False):
+        super().__init__(message)
+        self.code = code
+        self.fatal = fatal
+
+
+class ServiceUnreachable(RuntimeError):
+    """The service could not be reached, or the connection dropped."""
+
+
+class VerifyClient:
+    def __init__(self, url: str, hello: Hello, token: str | None = None,
+                 open_timeout_s: float = 10.0, reply_timeout_s: float = 120.0,
+                 max_frame_bytes: int = 4 * 1024 * 1024):
+        self.url = url
+        self.reply_timeout_s = reply_timeout_s
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        try:
+            self._ws: ClientConnection = connect(
+                url, subprotocols=[SUBPROTOCOL], additional_headers=headers,
+                open_timeout=open_timeout_s, max_size=max_frame_bytes, compression=None)
+        except InvalidStatus as exc:
+            body = exc.response.body.decode("utf-8", "replace").strip() if exc.response.body else ""
+            raise VerifyError("http_" + str(exc.response.status_code),
+                              f"the service at {url} refused the connection "
+                              f"(HTTP {exc.response.status_code}): {body}", fatal=True) from exc
+        except (OSError, TimeoutError, InvalidHandshake) as exc:
+            raise ServiceUnreachable(
+                f"cannot reach the verification service at {url}: {exc} (is `specwire serve` running?)") from exc
+        self.welcome = self._request(hello, Welcome)
+
+    def verify(self, request: Verify) -> Verdict:
+        return self._request(request, Verdict)
+
+    def sync(self, request: Sync) -> Synced:
+        return self._request(request, Synced)
+
+    def close(self) -> None:
+        self._ws.close()
+
+    def _request(self, message, expected: type):
+        frame = encode(message)
+        try:
+            self._ws.send(frame)
+            reply_frame = self._ws.recv(timeout=self.reply_timeout_s)
+        except (ConnectionClosed, OSError, TimeoutError) as exc:
+            raise ServiceUnreachable(f"lost the verification service at {self.url}: {exc}") from exc
+        self.bytes_sent += len(frame)
+        self.bytes_received += len(reply_frame)
+        reply = decode_server_message(reply_frame)
+        if isinstance(reply, Error):
+            raise VerifyError(reply.code, reply.message, reply.fatal)
+        if not isinstance(reply, expected):
+            raise VerifyError("unexpected_reply", f"expected {expected.__name__}, got {type(reply).__name__}", True)
+        return reply

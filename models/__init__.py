@@ -1,0 +1,1 @@
+"""Model files: the tiny test-model factory and GGUF conversion."""

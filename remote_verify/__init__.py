@@ -1,0 +1,1 @@
+"""The service side: wire protocol, sessions, acceptance math and target backends."""

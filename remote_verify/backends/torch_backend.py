@@ -1,0 +1,65 @@
+"""The PyTorch target backend: a Hugging Face causal LM with a DynamicCache per session."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache
+
+log = logging.getLogger(__name__)
+
+
+class TorchTarget:
+    def __init__(self, path: str | Path, device: str = "auto", dtype: torch.dtype | None = None):
+        self.path = Path(path)
+        if not (self.path / "config.json").is_file():
+            raise FileNotFoundError(f"no Hugging Face model at {self.path} (config.json missing)")
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("--device cuda was asked for, but torch sees no CUDA device")
+        self.device = torch.device(device)
+        # float32 on the CPU (no fast half kernels there); bfloat16 on a GPU
+        dtype = dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
+        self.model = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype).to(self.device).eval()
+        config = self.model.config
+        self.vocab_size = int(config.vocab_size)
+        self.max_context = int(getattr(config, "max_position_embeddings", 4096))
+        self.bos_id = int(config.bos_token_id) if config.bos_token_id is not None else -1
+        eos = config.eos_token_id
+        self.eos_id = int(eos[0] if isinstance(eos, list) else eos) if eos is not None else -1
+        self.name = f"torch:{self.device.type}"
+        log.info("target %s on %s (%s), vocab %d", self.path, self.device, dtype, self.vocab_size)
+
+    def token_texts(self) -> list[bytes]:
+        return hf_token_texts(self.path)
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache()
+
+    @torch.inference_mode()
+    def forward(self, cache: DynamicCache, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        input_ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True,
+                         logits_to_keep=n_logits)
+        return out.logits[0, -n_logits:].float().cpu().numpy()  # (n_logits, V)
+
+    def truncate(self, cache: DynamicCache, length: int) -> None:
+        # crop(-n) drops the last n positions in every transformers release we support
+        surplus = cache.get_seq_length() - length
+        if surplus > 0:
+            cache.crop(-surplus)
+
+
+def hf_token_texts(model_dir: Path) -> list[bytes]:
+    """Token texts in id order from a Hugging Face tokenizer.json (vocab plus added tokens)."""
+    tokenizer = json.loads((Path(model_dir) / "tokenizer.json").read_text(encoding="utf-8"))
+    by_id = {int(i): text for text, i in tokenizer["model"]["vocab"].items()}
+    for added in tokenizer.get("added_tokens", []):
+        by_id[int(added["id"])] = added["content"]
+    return [by_id.get(i, "").encode("utf-8") for i in range(max(by_id) + 1)]

@@ -1,0 +1,176 @@
+"""The specwire wire protocol: typed, tagged msgpack messages and the vocabulary fingerprint.
+
+Version 1 travels in the WebSocket subprotocol name. Fields are only ever appended, with
+defaults, so an older peer still decodes a newer message. Both ends build their decoder
+once (`decode_client_message`, `decode_server_message`).
+
+A session, as the client sees it:
+    Hello     -> Welcome            (or Error, fatal, and the socket closes)
+    Verify    -> Verdict            (one per round, sequence numbers 1, 2, 3, ...)
+    Sync      -> Synced             (rebuild the committed history after an Error)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Sequence, Union
+
+import msgspec
+
+SUBPROTOCOL = "specwire.v1"
+PROTOCOL_VERSION = 1
+
+# Close codes (4000-4999 are free for applications).
+CLOSE_PROTOCOL_ERROR = 4400
+CLOSE_VOCAB_MISMATCH = 4409
+
+
+class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    """How tokens are chosen; one frozen object passed everywhere.
+
+    temperature 0 means greedy (argmax). top_k 0 and top_p 1.0 mean "no truncation".
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    def problems(self) -> list[str]:
+        """Everything wrong with these parameters, as sentences a user can act on."""
+        found = []
+        if not (self.temperature >= 0.0) or self.temperature > 100.0:
+            found.append(f"temperature must be between 0 and 100, got {self.temperature}")
+        if self.top_k < 0:
+            found.append(f"top_k must be 0 (off) or a positive count, got {self.top_k}")
+        if not (0.0 < self.top_p <= 1.0):
+            found.append(f"top_p must be in (0, 1], got {self.top_p}")
+        return found
+
+
+class SparseDist(msgspec.Struct, array_like=True):
+    """A draft distribution truncated to a few tokens: q(ids[i]) = probs[i], zero elsewhere."""
+
+    ids: list[int]
+    probs: list[float]
+
+
+# ---- client -> service ------------------------------------------------------------------
+
+
+class Hello(msgspec.Struct, tag="hello"):
+    """First message of a session: who the drafter is and how it samples."""
+
+    vocab_fingerprint: str
+    vocab_size: int
+    bos_id: int
+    eos_id: int
+    sampling: SamplingParams = SamplingParams()
+    seed: int | None = None  # seeds the service's generator for this session
+    client: str = ""
+
+
+class Verify(msgspec.Struct, tag="verify"):
+    """One round: extend the committed history, then verify a block of draft tokens.
+
+    `committed_len` is the history length the client believes the service holds before
+    `append` is added; `append` carries tokens the service has not seen (a prompt, a new
+    user turn). An empty `draft` asks the service for one token of its own (k = 0).
+    `draft_dists[i]` is the distribution `draft[i]` was sampled from (empty when greedy).
+    """
+
+    seq: int
+    committed_len: int
+    append: list[int] = []
+    draft: list[int] = []
+    draft_dists: list[SparseDist] = []
+
+
+class Sync(msgspec.Struct, tag="sync"):
+    """Replace the service's committed history with the client's (after an error or reconnect)."""
+
+    seq: int
+    tokens: list[int]
+
+
+ClientMessage = Union[Hello, Verify, Sync]
+
+
+# ---- service -> client ------------------------------------------------------------------
+
+
+class Welcome(msgspec.Struct, tag="welcome"):
+    """The service accepts the session and states its limits."""
+
+    session_id: str
+    max_context: int
+    max_draft: int
+    vocab_size: int
+    target: str = ""
+    capabilities: list[str] = []
+    protocol: int = PROTOCOL_VERSION
+
+
+class Verdict(msgspec.Struct, tag="verdict"):
+    """The answer to a Verify: `accepted` draft tokens are kept, then `token` is appended.
+
+    `token` is the target's correction at the first rejected position, or the bonus token
+    when every draft token was accepted. `committed_len` is the history length after both.
+    """
+
+    seq: int
+    accepted: int
+    token: int
+    committed_len: int
+    forward_s: float = 0.0  # the target's forward pass for this round
+    accept_s: float = 0.0  # the acceptance step
+
+
+class Synced(msgspec.Struct, tag="synced"):
+    seq: int
+    committed_len: int
+
+
+class Error(msgspec.Struct, tag="error"):
+    """A refusal. `fatal` errors close the session; others ask the client to Sync and retry."""
+
+    code: str
+    message: str
+    seq: int = 0
+    fatal: bool = False
+
+
+ServerMessage = Union[Welcome, Verdict, Synced, Error]
+
+_encoder = msgspec.msgpack.Encoder()
+_client_decoder = msgspec.msgpack.Decoder(ClientMessage)
+_server_decoder = msgspec.msgpack.Decoder(ServerMessage)
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode_client_message(frame: bytes) -> ClientMessage:
+    """Decode a client frame; raises msgspec.DecodeError / ValidationError on bad input."""
+    return _client_decoder.decode(frame)
+
+
+def decode_server_message(frame: bytes) -> ServerMessage:
+    return _server_decoder.decode(frame)
+
+
+def vocab_fingerprint(token_texts: Sequence[bytes]) -> str:
+    """A hash of every token's text in id order: equal fingerprints mean one vocabulary.
+
+    Each text is length-prefixed so that no two different vocabularies can collide by
+    shifting bytes between neighbouring tokens.
+    """
+    digest = hashlib.sha256()
+    for text in token_texts:
+        digest.update(len(text).to_bytes(4, "little"))
+        digest.update(text)
+    return digest.hexdigest()[:32]

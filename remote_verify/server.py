@@ -1,0 +1,178 @@
+"""The verification service: a WebSocket server that runs sessions against one target.
+
+Auth and `/healthz` are answered in `process_request`, before the upgrade. Each
+connection is one session; its model work runs off the event loop on the device's single
+worker thread, so the loop keeps answering pings and other clients while a forward pass
+runs. SIGINT/SIGTERM close the listener and every connection with "going away".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import http
+import logging
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+import msgspec
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from remote_verify.backends import TargetBackend
+from remote_verify.protocol import (
+    CLOSE_PROTOCOL_ERROR,
+    CLOSE_VOCAB_MISMATCH,
+    SUBPROTOCOL,
+    Error,
+    Hello,
+    Sync,
+    Verify,
+    Welcome,
+    decode_client_message,
+    encode,
+    vocab_fingerprint,
+)
+from remote_verify.session import Session, SessionError, SessionLimits
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    host: str = "127.0.0.1"
+    port: int = 8765
+    token: str | None = None  # bearer token; None accepts every client (loopback use)
+    max_frame_bytes: int = 4 * 1024 * 1024  # a 32-token sampled draft is ~20 KiB
+    hello_timeout_s: float = 10.0  # a client must introduce itself promptly
+    ping_interval_s: float = 20.0
+    limits: SessionLimits = SessionLimits()
+
+
+class VerifyService:
+    def __init__(self, backend: TargetBackend, config: ServiceConfig):
+        self.backend = backend
+        self.config = config
+        self.limits = SessionLimits(
+            max_draft=config.limits.max_draft,
+            max_context=min(config.limits.max_context, backend.max_context),
+        )
+        self.fingerprint = vocab_fingerprint(backend.token_texts())
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="target")  # one per device
+        self.sessions: dict[str, Session] = {}
+
+    async def run(self, on_ready: Callable[[str], None]) -> None:
+        """Serve until SIGINT/SIGTERM; `on_ready(url)` is called once clients can connect."""
+        loop = asyncio.get_running_loop()
+        stop = loop.create_future()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, lambda: stop.done() or stop.set_result(None))
+        async with serve(
+            self._handle,
+            self.config.host,
+            self.config.port,
+            subprotocols=[SUBPROTOCOL],
+            process_request=self._process_request,
+            max_size=self.config.max_frame_bytes,
+            ping_interval=self.config.ping_interval_s,
+        ) as server:
+            port = server.sockets[0].getsockname()[1]
+            on_ready(f"ws://{self.config.host}:{port}")
+            await stop
+            log.info("shutting down: closing %d session(s)", len(self.sessions))
+        self.worker.shutdown(wait=True)
+
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        if request.path == "/healthz":
+            return connection.respond(http.HTTPStatus.OK, "ok\n")
+        if self.config.token is not None:
+            header = request.headers.get("Authorization", "")
+            if not header.startswith("Bearer "):
+                return connection.respond(
+                    http.HTTPStatus.UNAUTHORIZED,
+                    "missing bearer token: send 'Authorization: Bearer <token>' (specwire: --token-file)\n")
+            if not hmac.compare_digest(header[len("Bearer "):].encode(), self.config.token.encode()):
+                return connection.respond(http.HTTPStatus.UNAUTHORIZED, "wrong bearer token\n")
+        return None
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        session = await self._open_session(ws)
+        if session is None:
+            return
+        self.sessions[session.id] = session
+        loop = asyncio.get_running_loop()
+        try:
+            async for frame in ws:
+                reply = await self._answer(loop, session, frame)
+                await ws.send(encode(reply))
+                if isinstance(reply, Error) and reply.fatal:
+                    await ws.close(CLOSE_PROTOCOL_ERROR, reply.code)
+                    break
+        except ConnectionClosed:
+            pass
+        finally:
+            del self.sessions[session.id]
+            log.info("session %s closed after %d committed tokens", session.id, len(session.committed))
+
+    async def _answer(self, loop: asyncio.AbstractEventLoop, session: Session, frame: bytes | str):
+        if isinstance(frame, str):
+            return Error("bad_frame", "text frames are not part of the protocol: send binary msgpack frames")
+        try:
+            message = decode_client_message(frame)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return Error("bad_frame", f"could not decode the frame: {exc}")
+        try:
+            if isinstance(message, Verify):
+                return await loop.run_in_executor(self.worker, session.verify, message)
+            if isinstance(message, Sync):
+                return await loop.run_in_executor(self.worker, session.sync, message)
+            return Error("unexpected_message", "hello was already received: send verify or sync",
+                         seq=getattr(message, "seq", 0))
+        except SessionError as exc:
+            return Error(exc.code, exc.message, seq=getattr(message, "seq", 0), fatal=exc.fatal)
+        except Exception:  # a backend failure must not take the service down
+            log.exception("session %s: verification failed", session.id)
+            return Error("internal", "the service failed to verify this round; reconnect and Sync", fatal=True)
+
+    async def _open_session(self, ws: ServerConnection) -> Session | None:
+        """Read and check Hello; answer Welcome, or a fatal Error and close."""
+        try:
+            frame = await asyncio.wait_for(ws.recv(), self.config.hello_timeout_s)
+            hello = decode_client_message(frame) if isinstance(frame, bytes) else None
+        except (asyncio.TimeoutError, ConnectionClosed):
+            return None
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            hello = None
+            log.info("bad hello: %s", exc)
+        if not isinstance(hello, Hello):
+            await self._refuse(ws, CLOSE_PROTOCOL_ERROR, "bad_hello", "the first message must be a msgpack Hello")
+            return None
+        if hello.vocab_fingerprint != self.fingerprint or hello.vocab_size != self.backend.vocab_size:
+            await self._refuse(
+                ws, CLOSE_VOCAB_MISMATCH, "vocab_mismatch",
+                f"the drafter's vocabulary ({hello.vocab_size} tokens, fingerprint {hello.vocab_fingerprint}) "
+                f"differs from the target's ({self.backend.vocab_size} tokens, fingerprint {self.fingerprint}): "
+                "use a draft model that shares the target's tokenizer")
+            return None
+        problems = hello.sampling.problems()
+        if problems:
+            await self._refuse(ws, CLOSE_PROTOCOL_ERROR, "bad_sampling", "; ".join(problems))
+            return None
+        session = Session(self.backend, hello.sampling, hello.seed, self.limits)
+        await ws.send(encode(Welcome(
+            session_id=session.id, max_context=self.limits.max_context, max_draft=self.limits.max_draft,
+            vocab_size=self.backend.vocab_size, target=self.backend.name,
+            capabilities=["greedy", "sampling", "sync"])))
+        log.info("session %s opened (%s)", session.id, hello.client or "unnamed client")
+        return session
+
+    async def _refuse(self, ws: ServerConnection, close_code: int, code: str, message: str) -> None:
+        log.info("refused a session: %s", message)
+        try:
+            await ws.send(encode(Error(code, message, fatal=True)))
+            await ws.close(close_code, code)
+        except ConnectionClosed:
+            pass

@@ -1,0 +1,145 @@
+"""One client's verification session, sans I/O: committed tokens and one KV position.
+
+Invariant between rounds: the cache holds every committed token but the last, which
+(being the target's own correction or bonus) has not been run through the model yet.
+A round feeds that token, any appended tokens and the draft block in one forward pass,
+decides acceptance, commits, and truncates the cache back to the invariant: a rejected
+draft costs a truncation, never a recompute of the prefix.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+
+from remote_verify.acceptance import accept_greedy, accept_sampled
+from remote_verify.backends import TargetBackend
+from remote_verify.protocol import SamplingParams, SparseDist, Sync, Synced, Verdict, Verify
+from remote_verify.sampling import warp
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    max_draft: int = 32  # longest block verified in one pass
+    max_context: int = 4096  # committed tokens + draft, capped by the model's own limit
+
+
+class SessionError(Exception):
+    """A request the session refuses. Non-fatal errors leave the session as it was."""
+
+    def __init__(self, code: str, message: str, fatal: bool = False):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.fatal = fatal
+
+
+class Session:
+    def __init__(self, backend: TargetBackend, sampling: SamplingParams, seed: int | None,
+                 limits: SessionLimits):
+        self.id = uuid.uuid4().hex[:12]
+        self.backend = backend
+        self.sampling = sampling
+        self.limits = limits
+        self.rng = np.random.default_rng(seed)  # seeded per session: seeded runs reproduce
+        self.committed: list[int] = []
+        self.cache = backend.new_cache()
+        self.cached_len = 0  # positions in the cache
+        self.last_seq = 0
+
+    def verify(self, request: Verify) -> Verdict:
+        self._check_seq(request.seq)
+        if request.committed_len != len(self.committed):
+            raise SessionError(
+                "stale_state",
+                f"the client believes {request.committed_len} tokens are committed, the service "
+                f"holds {len(self.committed)}; send Sync with the full history")
+        self._check_tokens(request.append, "append")
+        self._check_tokens(request.draft, "draft")
+        k = len(request.draft)
+        if k > self.limits.max_draft:
+            raise SessionError("draft_too_long", f"draft of {k} tokens exceeds the limit of {self.limits.max_draft}")
+        history = len(self.committed) + len(request.append)
+        if history == 0:
+            raise SessionError("empty_context", "nothing to continue: append at least one prompt token (BOS)")
+        if history + k + 1 > self.limits.max_context:
+            raise SessionError(
+                "context_full",
+                f"{history} tokens + {k} drafted + 1 exceeds the context limit of {self.limits.max_context}")
+        draft_dists = None if self.sampling.greedy else self._checked_dists(request)
+
+        started = time.perf_counter()
+        feed = self.committed[self.cached_len:] + list(request.append) + list(request.draft)
+        logits = self.backend.forward(self.cache, feed, n_logits=k + 1)  # (k+1, V)
+        forwarded = time.perf_counter()
+        if self.sampling.greedy:
+            accepted, token = accept_greedy(logits.argmax(axis=-1).tolist(), request.draft)
+        else:
+            target_probs = np.stack([warp(row, self.sampling) for row in logits])  # (k+1, V)
+            accepted, token = accept_sampled(target_probs, request.draft, draft_dists, self.rng)
+        decided = time.perf_counter()
+
+        self.committed += list(request.append) + list(request.draft[:accepted]) + [token]
+        self.cached_len = len(self.committed) - 1
+        self.backend.truncate(self.cache, self.cached_len)
+        self.last_seq = request.seq
+        return Verdict(seq=request.seq, accepted=accepted, token=token,
+                       committed_len=len(self.committed),
+                       forward_s=forwarded - started, accept_s=decided - forwarded)
+
+    def sync(self, request: Sync) -> Synced:
+        """Adopt the client's history; keep the cached prefix it shares with the old one."""
+        self._check_tokens(request.tokens, "tokens")
+        if len(request.tokens) + 1 > self.limits.max_context:
+            raise SessionError("context_full", f"history of {len(request.tokens)} tokens exceeds the context limit")
+        common = 0
+        limit = min(self.cached_len, len(request.tokens))
+        while common < limit and self.committed[common] == request.tokens[common]:
+            common += 1
+        common = min(common, max(len(request.tokens) - 1, 0))
+        self.backend.truncate(self.cache, common)
+        self.cached_len = common
+        self.committed = list(request.tokens)
+        self.last_seq = request.seq  # a Sync starts a new run of sequence numbers
+        return Synced(seq=request.seq, committed_len=len(self.committed))
+
+    def _check_seq(self, seq: int) -> None:
+        if seq != self.last_seq + 1:
+            raise SessionError(
+                "bad_seq", f"sequence number {seq} out of order: expected {self.last_seq + 1}; send Sync")
+
+    def _check_tokens(self, tokens: list[int], field: str) -> None:
+        vocab = self.backend.vocab_size
+        for token in tokens:
+            if not 0 <= token < vocab:
+                raise SessionError("bad_token", f"token id {token} in {field} is out of range [0, {vocab})")
+
+    def _checked_dists(self, request: Verify) -> list[SparseDist]:
+        """Validate the draft distributions and renormalise them (q must sum to 1)."""
+        if len(request.draft_dists) != len(request.draft):
+            raise SessionError(
+                "bad_dists", f"sampling needs one draft distribution per draft token: got "
+                f"{len(request.draft_dists)} for {len(request.draft)} tokens")
+        checked = []
+        for i, (token, dist) in enumerate(zip(request.draft, request.draft_dists)):
+            if len(dist.ids) != len(dist.probs) or not dist.ids:
+                raise SessionError("bad_dists", f"draft distribution {i}: ids and probs differ in length or are empty")
+            self._check_tokens(dist.ids, f"draft_dists[{i}]")
+            probs = dist.probs
+            if any(not math.isfinite(p) or p < 0.0 for p in probs) or sum(probs) <= 0.0:
+                raise SessionError("bad_dists", f"draft distribution {i}: probabilities must be finite and >= 0")
+            if len(set(dist.ids)) != len(dist.ids):
+                raise SessionError("bad_dists", f"draft distribution {i}: repeated token ids")
+            try:
+                q_token = probs[dist.ids.index(token)]
+            except ValueError:
+                q_token = 0.0
+            if q_token <= 0.0:
+                raise SessionError("bad_dists", f"draft token {token} at position {i} has no mass in its distribution")
+            total = sum(probs)
+            checked.append(SparseDist(ids=dist.ids, probs=[p / total for p in probs]))
+        return checked
