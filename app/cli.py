@@ -35,6 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-context", type=int, default=4096, help="longest history per session")
     serve.set_defaults(run=commands.serve)
 
+    demo = sub.add_parser("demo", help="run the whole pipeline on tiny models, on this machine")
+    demo.add_argument("--k", type=int, default=4)
+    demo.add_argument("--max-tokens", type=int, default=64)
+    demo.set_defaults(run=commands.demo)
+
     gen = sub.add_parser("generate", help="generate a continuation of one prompt")
     gen.add_argument("--draft", required=True, help="draft model GGUF file")
     where = gen.add_mutually_exclusive_group(required=True)

@@ -127,3 +127,9 @@ def generate(args: argparse.Namespace) -> int:
               f"{stats.rounds} rounds, acceptance {stats.acceptance_rate:.2f}, "
               f"{stats.tokens_per_round:.2f} tokens/round, {stats.tokens_per_s:.1f} tokens/s]", file=sys.stderr)
     return 0
+
+
+def demo(args: argparse.Namespace) -> int:
+    from app.demo import run_demo
+
+    return run_demo(k=args.k, max_tokens=args.max_tokens)

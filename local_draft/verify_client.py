@@ -6,6 +6,7 @@ and a synchronous socket keeps that loop a plain loop. Byte counts are payload b
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidHandshake
@@ -49,10 +50,11 @@ class VerifyClient:
         self.bytes_sent = 0
         self.bytes_received = 0
         headers = {"Authorization": f"Bearer {token}"} if token else None
+        self._exit = contextlib.ExitStack()  # websockets wants connect() used as a context
         try:
-            self._ws: ClientConnection = connect(
+            self._ws: ClientConnection = self._exit.enter_context(connect(
                 url, subprotocols=[SUBPROTOCOL], additional_headers=headers,
-                open_timeout=open_timeout_s, max_size=max_frame_bytes, compression=None)
+                open_timeout=open_timeout_s, max_size=max_frame_bytes, compression=None))
         except InvalidStatus as exc:
             body = exc.response.body.decode("utf-8", "replace").strip() if exc.response.body else ""
             raise VerifyError("http_" + str(exc.response.status_code),
@@ -70,7 +72,7 @@ class VerifyClient:
         return self._request(request, Synced)
 
     def close(self) -> None:
-        self._ws.close()
+        self._exit.close()
 
     def _request(self, message, expected: type):
         frame = encode(message)

@@ -64,12 +64,14 @@ class VerifyService:
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="target")  # one per device
         self.sessions: dict[str, Session] = {}
 
-    async def run(self, on_ready: Callable[[str], None]) -> None:
-        """Serve until SIGINT/SIGTERM; `on_ready(url)` is called once clients can connect."""
+    async def run(self, on_ready: Callable[[str], None], handle_signals: bool = True) -> None:
+        """Serve until SIGINT/SIGTERM or stop(); `on_ready(url)` is called once clients can connect."""
         loop = asyncio.get_running_loop()
-        stop = loop.create_future()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, lambda: stop.done() or stop.set_result(None))
+        self._stopping = loop.create_future()
+        self._loop = loop
+        if handle_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self._request_stop)
         async with serve(
             self._handle,
             self.config.host,
@@ -81,9 +83,17 @@ class VerifyService:
         ) as server:
             port = server.sockets[0].getsockname()[1]
             on_ready(f"ws://{self.config.host}:{port}")
-            await stop
+            await self._stopping
             log.info("shutting down: closing %d session(s)", len(self.sessions))
         self.worker.shutdown(wait=True)
+
+    def stop(self) -> None:
+        """Ask a running service to shut down; safe to call from any thread."""
+        self._loop.call_soon_threadsafe(self._request_stop)
+
+    def _request_stop(self) -> None:
+        if not self._stopping.done():
+            self._stopping.set_result(None)
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         if request.path == "/healthz":

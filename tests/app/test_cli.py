@@ -1,0 +1,93 @@
+"""The `specwire` command as a user runs it: build tiny models, serve, generate, stop."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SPECWIRE = str(Path(sys.executable).parent / "specwire")
+
+
+def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([SPECWIRE, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("cli-tiny")
+    done = _run("models", "tiny", str(out))
+    assert done.returncode == 0, done.stderr
+    for name in ("target", "draft.gguf", "draft-far.gguf"):
+        assert str(out / name) in done.stdout
+    return out
+
+
+@pytest.fixture(scope="module")
+def served(tiny_dir):
+    process = subprocess.Popen([SPECWIRE, "serve", "--target", str(tiny_dir / "target"), "--port", "0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = process.stdout.readline()  # blocks until the model is loaded and the port is bound
+    assert line.startswith("listening on ws://127.0.0.1:"), line + process.stderr.read()
+    yield process, line.split()[-1]
+    if process.poll() is None:
+        process.kill()
+
+
+def _generate(tiny_dir: Path, url: str, draft: str, *extra: str) -> dict:
+    done = _run("generate", "--draft", str(tiny_dir / draft), "--server", url, "--prompt", "def quicksort(arr):",
+                "--max-tokens", "64", "--temperature", "0", "--json", *extra)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_generate_with_and_without_drafting_gives_the_same_tokens(tiny_dir, served):
+    """--k 0 and --k 4 agree token for token; the close drafter is accepted often."""
+    _, url = served
+    alone = _generate(tiny_dir, url, "draft.gguf", "--k", "0")
+    hybrid = _generate(tiny_dir, url, "draft.gguf", "--k", "4")
+    far = _generate(tiny_dir, url, "draft-far.gguf", "--k", "4")
+    assert hybrid["token_ids"] == alone["token_ids"] == far["token_ids"]
+    assert len(alone["token_ids"]) == 64 and alone["stop_reason"] == "max_tokens"
+    assert hybrid["stats"]["acceptance_rate"] >= 0.6
+    assert hybrid["stats"]["tokens_per_round"] > 1.5
+    assert far["stats"]["acceptance_rate"] < hybrid["stats"]["acceptance_rate"] / 2
+    for key in ("rounds", "drafted", "accepted", "acceptance_rate", "tokens_per_round", "accepted_per_position",
+                "wall_s", "tokens_per_s", "bytes_sent", "bytes_received"):
+        assert key in hybrid["stats"], key
+
+
+def test_offline_generation_needs_no_service(tiny_dir):
+    """--offline runs the draft model alone."""
+    done = _run("generate", "--draft", str(tiny_dir / "draft.gguf"), "--offline", "--prompt", "hi",
+                "--max-tokens", "10", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["mode"] == "offline" and len(result["token_ids"]) == 10
+
+
+def test_an_unreachable_service_is_a_clear_error(tiny_dir):
+    """No service at the address: one line saying so and suggesting --offline."""
+    done = _run("generate", "--draft", str(tiny_dir / "draft.gguf"), "--server", "ws://127.0.0.1:9",
+                "--prompt", "hi")
+    assert done.returncode == 2
+    assert "cannot reach the verification service" in done.stderr and "--offline" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_missing_draft_model_is_a_clear_error(tmp_path):
+    """A wrong --draft path names the file."""
+    done = _run("generate", "--draft", str(tmp_path / "nope.gguf"), "--offline", "--prompt", "hi")
+    assert done.returncode == 2 and "draft model not found" in done.stderr
+
+
+def test_sigterm_stops_the_service_cleanly(served):
+    """SIGTERM: the service closes and exits 0."""
+    process, _ = served
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 0

@@ -1,0 +1,76 @@
+"""Shared fixtures: tiny models built once, a real verification service on port 0."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from models.tiny import TinyModels, build_tiny_models
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> TinyModels:
+    return build_tiny_models(tmp_path_factory.mktemp("tiny"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def torch_target(tiny):
+    from remote_verify.backends.torch_backend import TorchTarget
+
+    return TorchTarget(tiny.target, device="cpu")
+
+
+class RunningService:
+    """A VerifyService on its own event loop in a background thread."""
+
+    def __init__(self, backend, **config):
+        from remote_verify.server import ServiceConfig, VerifyService
+
+        self.service = VerifyService(backend, ServiceConfig(port=0, **config))
+        ready = threading.Event()
+        self.url = ""
+
+        def on_ready(url: str) -> None:
+            self.url = url
+            ready.set()
+
+        self.thread = threading.Thread(
+            target=lambda: asyncio.run(self.service.run(on_ready, handle_signals=False)), daemon=True)
+        self.thread.start()
+        assert ready.wait(30), "the service did not start"
+
+    def close(self) -> None:
+        self.service.stop()
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def service(torch_target):
+    running = RunningService(torch_target)
+    yield running
+    running.close()
+
+
+@pytest.fixture(scope="session")
+def close_draft(tiny):
+    from local_draft.draft_model import DraftModel
+
+    return DraftModel(tiny.draft, n_ctx=2048)
+
+
+@pytest.fixture(scope="session")
+def far_draft(tiny):
+    from local_draft.draft_model import DraftModel
+
+    return DraftModel(tiny.draft_far, n_ctx=2048)
+
+
+def hello_for(draft, sampling=None, seed=None):
+    from remote_verify.protocol import Hello, SamplingParams
+
+    return Hello(vocab_fingerprint=draft.vocab_fingerprint, vocab_size=draft.vocab_size,
+                 bos_id=draft.bos_id, eos_id=draft.eos_id, sampling=sampling or SamplingParams(),
+                 seed=seed, client="tests")

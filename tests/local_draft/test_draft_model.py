@@ -1,0 +1,45 @@
+"""The llama.cpp draft model: tokenizer round trip, drafting, and cache roll back."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from remote_verify.protocol import SamplingParams, vocab_fingerprint
+
+TEXTS = ["hello world", "déjà vu — ünïcödé", "emoji 🎉🧪 and 中文", "\x00\x01 bytes\n\ttabs", "def f(self): return x"]
+
+
+def test_any_utf8_text_round_trips(close_draft):
+    """Byte-level BPE: tokenize then detokenize gives the text back."""
+    for text in TEXTS:
+        ids = close_draft.tokenize(text, add_bos=False)
+        assert b"".join(close_draft.token_bytes(t) for t in ids).decode("utf-8") == text
+
+
+def test_drafters_and_target_share_one_vocabulary(close_draft, far_draft, torch_target):
+    """Both drafters and the target have the same fingerprint."""
+    assert close_draft.vocab_fingerprint == far_draft.vocab_fingerprint
+    assert close_draft.vocab_fingerprint == vocab_fingerprint(torch_target.token_texts())
+
+
+def test_greedy_proposal_follows_its_own_argmax_and_survives_rollback(close_draft):
+    """Drafting after a roll back gives what drafting from scratch gives."""
+    greedy = SamplingParams()
+    rng = np.random.default_rng(0)
+    context = close_draft.tokenize("the cat")
+    first, _ = close_draft.propose(context, 6, greedy, rng)
+    longer, _ = close_draft.propose(context + [first[0], 7], 4, greedy, rng)  # diverge, then
+    again, _ = close_draft.propose(context, 6, greedy, rng)  # come back: prefix reused
+    assert again == first
+    assert close_draft.evaluated[: len(context)] == context
+    assert len(longer) == 4
+
+
+def test_sampled_proposals_come_with_their_distribution(close_draft):
+    """Each sampled draft token lies in the sparse distribution sent with it."""
+    rng = np.random.default_rng(0)
+    tokens, dists = close_draft.propose(close_draft.tokenize("x"), 5, SamplingParams(temperature=1.0), rng)
+    assert len(dists) == 5
+    for token, dist in zip(tokens, dists):
+        assert token in dist.ids and len(dist.ids) <= 64
+        assert abs(sum(dist.probs) - 1.0) < 1e-6

@@ -1,0 +1,73 @@
+"""The real WebSocket service on port 0: handshake, refusals, health, and auth."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+import pytest
+from websockets.sync.client import connect
+
+from local_draft.verify_client import VerifyClient, VerifyError
+from remote_verify.protocol import (
+    SUBPROTOCOL, Error, Hello, Verdict, Verify, Welcome, decode_server_message, encode,
+)
+from tests.conftest import RunningService, hello_for
+
+
+def _raw(url: str):
+    return connect(url, subprotocols=[SUBPROTOCOL])
+
+
+def test_a_drafter_with_another_vocabulary_is_refused(service, close_draft):
+    """A vocabulary mismatch gets a fatal error that says the vocabularies differ."""
+    hello = hello_for(close_draft)
+    wrong = Hello(vocab_fingerprint="0" * 32, vocab_size=hello.vocab_size, bos_id=0, eos_id=1)
+    with pytest.raises(VerifyError) as error:
+        VerifyClient(service.url, wrong)
+    assert error.value.code == "vocab_mismatch" and error.value.fatal
+    assert "vocabulary" in str(error.value) and "differs" in str(error.value)
+
+
+def test_bad_requests_get_errors_and_other_sessions_go_on(service, close_draft):
+    """Out-of-range ids, stale sequence numbers and garbage frames are answered, not fatal."""
+    other = VerifyClient(service.url, hello_for(close_draft))
+    with _raw(service.url) as ws:
+        ws.send(encode(hello_for(close_draft)))
+        assert isinstance(decode_server_message(ws.recv()), Welcome)
+        ws.send(encode(Verify(seq=1, committed_len=0, append=[1, 2, 99999])))
+        reply = decode_server_message(ws.recv())
+        assert isinstance(reply, Error) and reply.code == "bad_token" and "99999" in reply.message
+        ws.send(encode(Verify(seq=7, committed_len=0, append=[1, 2])))
+        reply = decode_server_message(ws.recv())
+        assert isinstance(reply, Error) and reply.code == "bad_seq" and "expected 1" in reply.message
+        ws.send(b"\xc1 not msgpack")
+        reply = decode_server_message(ws.recv())
+        assert isinstance(reply, Error) and reply.code == "bad_frame"
+        ws.send(encode(Verify(seq=1, committed_len=0, append=[1, 2])))  # the session still works
+        assert isinstance(decode_server_message(ws.recv()), Verdict)
+    verdict = other.verify(Verify(seq=1, committed_len=0, append=[318, 5], draft=[6]))
+    assert verdict.committed_len in (3, 4)
+    other.close()
+
+
+def test_healthz_answers_over_plain_http(service):
+    """/healthz is served on the WebSocket port."""
+    http_url = service.url.replace("ws://", "http://") + "/healthz"
+    with urllib.request.urlopen(http_url, timeout=5) as response:
+        assert response.status == 200 and response.read() == b"ok\n"
+
+
+def test_a_missing_or_wrong_token_gets_401(torch_target, close_draft):
+    """With a token set, the upgrade needs the bearer token."""
+    guarded = RunningService(torch_target, token="s3cret")
+    try:
+        for token, words in ((None, "missing bearer token"), ("nope", "wrong bearer token")):
+            with pytest.raises(VerifyError) as error:
+                VerifyClient(guarded.url, hello_for(close_draft), token=token)
+            assert error.value.code == "http_401" and words in str(error.value)
+        client = VerifyClient(guarded.url, hello_for(close_draft), token="s3cret")
+        assert client.welcome.vocab_size == close_draft.vocab_size
+        client.close()
+    finally:
+        guarded.close()

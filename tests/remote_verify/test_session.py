@@ -1,0 +1,93 @@
+"""The sans-I/O session on the tiny target: commits, KV roll back, and refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from remote_verify.protocol import SamplingParams, Sync, Verify
+from remote_verify.session import Session, SessionError, SessionLimits
+
+PROMPT = [318, 100, 101, 102, 103]
+
+
+def _session(backend, **sampling) -> Session:
+    return Session(backend, SamplingParams(**sampling), seed=0, limits=SessionLimits(max_draft=8, max_context=256))
+
+
+def _fresh_logits(backend, tokens: list[int]) -> np.ndarray:
+    """Logits after `tokens`, computed from scratch with an empty cache."""
+    return backend.forward(backend.new_cache(), tokens, n_logits=1)[0]
+
+
+def _greedy_continuation(backend, tokens: list[int], n: int) -> list[int]:
+    out = []
+    for _ in range(n):
+        out.append(int(_fresh_logits(backend, tokens + out).argmax()))
+    return out
+
+
+@pytest.mark.parametrize("n_right", [0, 2, 4])
+def test_rollback_after_zero_partial_and_full_acceptance(torch_target, n_right):
+    """After any acceptance, the cache continues exactly like a recompute from scratch."""
+    session = _session(torch_target)
+    truth = _greedy_continuation(torch_target, PROMPT, 6)
+    wrong = [(t + 1) % 300 for t in truth]
+    draft = truth[:n_right] + wrong[n_right:4]
+    verdict = session.verify(Verify(seq=1, committed_len=0, append=PROMPT, draft=draft))
+    assert verdict.accepted == n_right
+    assert verdict.token == truth[n_right]
+    assert session.committed == PROMPT + truth[: n_right + 1]
+    assert session.cached_len == len(session.committed) - 1
+    # The next round must see the same logits as a model that never saw the rejected tokens.
+    after = session.verify(Verify(seq=2, committed_len=len(session.committed), draft=[]))
+    assert after.token == truth[n_right + 1]
+    cached = torch_target.forward(session.cache, session.committed[session.cached_len:], n_logits=1)[0]
+    np.testing.assert_allclose(cached, _fresh_logits(torch_target, session.committed), atol=1e-4)
+
+
+def test_refusals_leave_the_session_unchanged(torch_target):
+    """Bad sequence numbers, stale lengths and out-of-range ids are refused without side effects."""
+    session = _session(torch_target)
+    session.verify(Verify(seq=1, committed_len=0, append=PROMPT, draft=[]))
+    before = (list(session.committed), session.cached_len, session.last_seq)
+    cases = [
+        (Verify(seq=5, committed_len=len(PROMPT) + 1), "bad_seq"),
+        (Verify(seq=2, committed_len=3), "stale_state"),
+        (Verify(seq=2, committed_len=len(PROMPT) + 1, draft=[torch_target.vocab_size]), "bad_token"),
+        (Verify(seq=2, committed_len=len(PROMPT) + 1, append=[-1]), "bad_token"),
+        (Verify(seq=2, committed_len=len(PROMPT) + 1, draft=[1] * 9), "draft_too_long"),
+        (Verify(seq=2, committed_len=len(PROMPT) + 1, append=[1] * 300), "context_full"),
+    ]
+    for request, code in cases:
+        with pytest.raises(SessionError) as error:
+            session.verify(request)
+        assert error.value.code == code, error.value.message
+        assert (session.committed, session.cached_len, session.last_seq) == before
+
+
+def test_sampling_needs_a_valid_draft_distribution(torch_target):
+    """Sampled drafts without, or outside, their distribution are refused."""
+    from remote_verify.protocol import SparseDist
+
+    session = _session(torch_target, temperature=1.0)
+    with pytest.raises(SessionError, match="one draft distribution per draft token"):
+        session.verify(Verify(seq=1, committed_len=0, append=PROMPT, draft=[5]))
+    with pytest.raises(SessionError, match="no mass"):
+        session.verify(Verify(seq=1, committed_len=0, append=PROMPT, draft=[5],
+                              draft_dists=[SparseDist(ids=[6], probs=[1.0])]))
+    verdict = session.verify(Verify(seq=1, committed_len=0, append=PROMPT, draft=[5],
+                                    draft_dists=[SparseDist(ids=[5, 6], probs=[0.5, 0.5])]))
+    assert verdict.committed_len == len(PROMPT) + 1 + verdict.accepted
+
+
+def test_sync_keeps_the_shared_prefix(torch_target):
+    """Sync adopts the client's history and keeps the cached prefix both share."""
+    session = _session(torch_target)
+    session.verify(Verify(seq=1, committed_len=0, append=PROMPT, draft=[1, 2, 3]))
+    new_history = PROMPT[:3] + [7, 8]
+    synced = session.sync(Sync(seq=9, tokens=new_history))
+    assert synced.committed_len == 5 and session.committed == new_history
+    assert session.cached_len == 3
+    verdict = session.verify(Verify(seq=10, committed_len=5, draft=[]))
+    assert verdict.token == int(_fresh_logits(torch_target, new_history).argmax())
