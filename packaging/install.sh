@@ -18,7 +18,18 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     # shellcheck disable=SC2086
     .venv/bin/python -m pip install --quiet ${SPECWIRE_TORCH:-torch==2.13.0}
 fi
-# llama-cpp-python compiles llama.cpp from source (several minutes on two cores)
+# llama-cpp-python compiles llama.cpp from source (several minutes on two cores).
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
+if [[ -z "${CMAKE_ARGS:-}" ]] && grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then
+    # A native build on a CPU with AMX uses ggml's AMX matrix kernels, which crash on
+    # Q4_0/Q4_K/Q8_0 weights where the kernel does not grant AMX state (VMs, sandboxes).
+    # Build for AVX-512 explicitly instead; the repacked AVX kernels stay.
+    export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+-DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON"
+fi
+if ! .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
+    # no wheel cache: a wheel built earlier with other CMAKE_ARGS must not be reused
+    .venv/bin/python -m pip install --quiet --no-cache-dir "llama-cpp-python>=0.3.8"
+fi
 .venv/bin/python -m pip install --quiet -e ".[${extras}]"
 echo "specwire installed in $(pwd)/.venv (run .venv/bin/specwire --help)"

@@ -23,12 +23,29 @@ def torch_target(tiny):
     return TorchTarget(tiny.target, device="cpu")
 
 
+@pytest.fixture(scope="session")
+def llamacpp_target(tiny):
+    from remote_verify.backends.llamacpp_backend import LlamaCppTarget
+
+    return LlamaCppTarget(tiny.target_gguf, gpu_layers=0)
+
+
+BACKENDS = ["torch", "llamacpp"]
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def target(request):
+    """Each target backend in turn, on the tiny target."""
+    return request.getfixturevalue(f"{request.param}_target")
+
+
 class RunningService:
     """A VerifyService on its own event loop in a background thread."""
 
     def __init__(self, backend, **config):
         from remote_verify.server import ServiceConfig, VerifyService
 
+        self.backend = backend
         self.service = VerifyService(backend, ServiceConfig(port=0, **config))
         ready = threading.Event()
         self.url = ""
@@ -48,8 +65,9 @@ class RunningService:
 
 
 @pytest.fixture(scope="session")
-def service(torch_target):
-    running = RunningService(torch_target)
+def service(target):
+    """A service on port 0 for each backend (tests using it run once per backend)."""
+    running = RunningService(target)
     yield running
     running.close()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 import numpy as np
@@ -29,10 +30,31 @@ class TargetBackend(Protocol):
         """Drop every cached position from `length` on (roll back without recomputing)."""
 
 
-def load_backend(kind: str, target: str, device: str = "auto") -> TargetBackend:
-    """Load a target with the named backend ("torch")."""
-    if kind in ("torch", "auto"):
+def load_backend(kind: str, target: str | Path, device: str = "auto") -> TargetBackend:
+    """Load a target (GGUF file or Hugging Face folder) with the named backend.
+
+    "auto" picks torch when CUDA is available and llama.cpp otherwise (a GGUF target is
+    then verified by llama.cpp on the CPU, several times faster than de-quantized torch).
+    """
+    target = Path(target)
+    if not target.exists():
+        raise FileNotFoundError(f"no target model at {target}")
+    if kind == "auto":
+        kind = "torch" if _cuda_available() or target.is_dir() else "llamacpp"
+    if kind == "torch":
         from remote_verify.backends.torch_backend import TorchTarget
 
         return TorchTarget(target, device=device)
-    raise ValueError(f"unknown backend {kind!r}: choose torch")
+    if kind == "llamacpp":
+        from remote_verify.backends.llamacpp_backend import LlamaCppTarget
+
+        return LlamaCppTarget(target, gpu_layers=0 if device == "cpu" else -1)
+    raise ValueError(f"unknown backend {kind!r}: choose auto, torch or llamacpp")
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Sequence
@@ -11,21 +10,27 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
+from models.gguf_to_hf import ensure_converted
+from models.vocab import hf_token_texts
+
 log = logging.getLogger(__name__)
 
 
 class TorchTarget:
     def __init__(self, path: str | Path, device: str = "auto", dtype: torch.dtype | None = None):
-        self.path = Path(path)
-        if not (self.path / "config.json").is_file():
-            raise FileNotFoundError(f"no Hugging Face model at {self.path} (config.json missing)")
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("--device cuda was asked for, but torch sees no CUDA device")
         self.device = torch.device(device)
-        # float32 on the CPU (no fast half kernels there); bfloat16 on a GPU
+        # float32 on the CPU (half precision is slow on most CPUs); bfloat16 on a GPU
         dtype = dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
+        path = Path(path)
+        if path.is_file():  # a GGUF target: de-quantized once, then loaded from the cache
+            path = ensure_converted(path, str(dtype).removeprefix("torch."))
+        self.path = path
+        if not (self.path / "config.json").is_file():
+            raise FileNotFoundError(f"no Hugging Face model at {self.path} (config.json missing)")
         self.model = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype).to(self.device).eval()
         config = self.model.config
         self.vocab_size = int(config.vocab_size)
@@ -37,7 +42,7 @@ class TorchTarget:
         log.info("target %s on %s (%s), vocab %d", self.path, self.device, dtype, self.vocab_size)
 
     def token_texts(self) -> list[bytes]:
-        return hf_token_texts(self.path)
+        return hf_token_texts(self.path, self.vocab_size)
 
     def new_cache(self) -> DynamicCache:
         return DynamicCache()
@@ -55,11 +60,3 @@ class TorchTarget:
         if surplus > 0:
             cache.crop(-surplus)
 
-
-def hf_token_texts(model_dir: Path) -> list[bytes]:
-    """Token texts in id order from a Hugging Face tokenizer.json (vocab plus added tokens)."""
-    tokenizer = json.loads((Path(model_dir) / "tokenizer.json").read_text(encoding="utf-8"))
-    by_id = {int(i): text for text, i in tokenizer["model"]["vocab"].items()}
-    for added in tokenizer.get("added_tokens", []):
-        by_id[int(added["id"])] = added["content"]
-    return [by_id.get(i, "").encode("utf-8") for i in range(max(by_id) + 1)]

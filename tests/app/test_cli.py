@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -91,3 +92,21 @@ def test_sigterm_stops_the_service_cleanly(served):
     process, _ = served
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=20) == 0
+
+
+def test_no_model_flags_and_no_fetched_models_name_the_fetch_command(tmp_path):
+    """With an empty cache, serve and generate say which command fetches the default pair."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "SPECWIRE_CONFIG": str(tmp_path / "none.toml")}
+    for args in (["serve"], ["generate", "--prompt", "hi"]):
+        done = subprocess.run([SPECWIRE, *args], capture_output=True, text=True, timeout=60, env=env)
+        assert done.returncode == 2, done.stderr
+        assert "run `specwire models fetch qwen2.5-coder`" in done.stderr
+
+
+def test_models_list_shows_every_pair_and_where_it_lives(tmp_path):
+    """`models list` shows the default pair, missing, with its expected size and path."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "SPECWIRE_CONFIG": str(tmp_path / "none.toml")}
+    done = subprocess.run([SPECWIRE, "models", "list"], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "qwen2.5-coder (default)" in done.stdout
+    assert "missing, 1,117 MB" in done.stdout and str(tmp_path / "cache") in done.stdout

@@ -16,10 +16,10 @@ def test_any_utf8_text_round_trips(close_draft):
         assert b"".join(close_draft.token_bytes(t) for t in ids).decode("utf-8") == text
 
 
-def test_drafters_and_target_share_one_vocabulary(close_draft, far_draft, torch_target):
+def test_drafters_and_target_share_one_vocabulary(close_draft, far_draft, target):
     """Both drafters and the target have the same fingerprint."""
     assert close_draft.vocab_fingerprint == far_draft.vocab_fingerprint
-    assert close_draft.vocab_fingerprint == vocab_fingerprint(torch_target.token_texts())
+    assert close_draft.vocab_fingerprint == vocab_fingerprint(target.token_texts())
 
 
 def test_greedy_proposal_follows_its_own_argmax_and_survives_rollback(close_draft):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scipy import stats
 
 from remote_verify.acceptance import accept_greedy, accept_sampled
 from remote_verify.protocol import SamplingParams, SparseDist
 from remote_verify.sampling import truncate, warp
+from tests.statistics import ALPHA, SAMPLES, chi_square_pvalue
 
 
 def test_greedy_accepts_the_matching_prefix_then_corrects():
@@ -82,36 +82,26 @@ def test_rejection_sampling_distance_to_target_shrinks_with_samples():
     assert distances[2] < 0.015
 
 
-def _chi_square_pvalue(counts: np.ndarray, exact: np.ndarray) -> float:
-    if counts[exact == 0].any():  # an outcome the target can never produce
-        return 0.0
-    keep = exact * counts.sum() >= 5  # lump rare cells so the chi-square approximation holds
-    observed = np.append(counts[keep], counts[~keep].sum())
-    expected = np.append(exact[keep], exact[~keep].sum()) * counts.sum()
-    observed, expected = observed[expected > 0], expected[expected > 0]
-    return float(stats.chisquare(observed, expected).pvalue)
-
-
 def test_rejection_sampling_matches_the_target_by_chi_square():
-    """40,000 draws of the first two tokens fit the target's exact joint distribution."""
-    counts = _first_two(HAND_P, HAND_Q, 40000, seed=1)
-    assert _chi_square_pvalue(counts, _exact_first_two(HAND_P)) > 1e-3
+    """SAMPLES draws of the first two tokens fit the target's exact joint distribution."""
+    counts = _first_two(HAND_P, HAND_Q, SAMPLES, seed=1)
+    assert chi_square_pvalue(counts, _exact_first_two(HAND_P)) > ALPHA
 
 
 @pytest.mark.parametrize("bias", [0.02])
 def test_chi_square_catches_a_biased_acceptance_rule(bias):
     """The same test, same sample size, rejects an acceptance rule that is off by a little."""
-    counts = _first_two(HAND_P, HAND_Q, 40000, seed=2, bias=bias)
-    assert _chi_square_pvalue(counts, _exact_first_two(HAND_P)) < 1e-3
+    counts = _first_two(HAND_P, HAND_Q, SAMPLES, seed=2, bias=bias)
+    assert chi_square_pvalue(counts, _exact_first_two(HAND_P)) < ALPHA
 
 
 def test_chi_square_power_against_a_one_percent_shift():
-    """At the sample size the protocol tests use, moving 1% of mass is caught >= 90% of the time."""
+    """At the exactness tests' sample size and threshold, moving 1% of the mass is caught >= 90% of the time."""
     rng = np.random.default_rng(0)
     exact = _exact_first_two(HAND_P)
     shifted = exact.copy()
     top = np.argsort(-exact)[:2]
     shifted[top[0]] -= 0.01
     shifted[top[1]] += 0.01
-    caught = sum(_chi_square_pvalue(rng.multinomial(40000, shifted), exact) < 1e-3 for _ in range(50))
-    assert caught >= 45
+    caught = sum(chi_square_pvalue(rng.multinomial(SAMPLES, shifted), exact) < ALPHA for _ in range(100))
+    assert caught >= 90

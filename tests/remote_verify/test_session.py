@@ -28,10 +28,10 @@ def _greedy_continuation(backend, tokens: list[int], n: int) -> list[int]:
 
 
 @pytest.mark.parametrize("n_right", [0, 2, 4])
-def test_rollback_after_zero_partial_and_full_acceptance(torch_target, n_right):
+def test_rollback_after_zero_partial_and_full_acceptance(target, n_right):
     """After any acceptance, the cache continues exactly like a recompute from scratch."""
-    session = _session(torch_target)
-    truth = _greedy_continuation(torch_target, PROMPT, 6)
+    session = _session(target)
+    truth = _greedy_continuation(target, PROMPT, 6)
     wrong = [(t + 1) % 300 for t in truth]
     draft = truth[:n_right] + wrong[n_right:4]
     verdict = session.verify(Verify(seq=1, committed_len=0, append=PROMPT, draft=draft))
@@ -42,19 +42,19 @@ def test_rollback_after_zero_partial_and_full_acceptance(torch_target, n_right):
     # The next round must see the same logits as a model that never saw the rejected tokens.
     after = session.verify(Verify(seq=2, committed_len=len(session.committed), draft=[]))
     assert after.token == truth[n_right + 1]
-    cached = torch_target.forward(session.cache, session.committed[session.cached_len:], n_logits=1)[0]
-    np.testing.assert_allclose(cached, _fresh_logits(torch_target, session.committed), atol=1e-4)
+    cached = target.forward(session.cache, session.committed[session.cached_len:], n_logits=1)[0]
+    np.testing.assert_allclose(cached, _fresh_logits(target, session.committed), atol=1e-4)
 
 
-def test_refusals_leave_the_session_unchanged(torch_target):
+def test_refusals_leave_the_session_unchanged(target):
     """Bad sequence numbers, stale lengths and out-of-range ids are refused without side effects."""
-    session = _session(torch_target)
+    session = _session(target)
     session.verify(Verify(seq=1, committed_len=0, append=PROMPT, draft=[]))
     before = (list(session.committed), session.cached_len, session.last_seq)
     cases = [
         (Verify(seq=5, committed_len=len(PROMPT) + 1), "bad_seq"),
         (Verify(seq=2, committed_len=3), "stale_state"),
-        (Verify(seq=2, committed_len=len(PROMPT) + 1, draft=[torch_target.vocab_size]), "bad_token"),
+        (Verify(seq=2, committed_len=len(PROMPT) + 1, draft=[target.vocab_size]), "bad_token"),
         (Verify(seq=2, committed_len=len(PROMPT) + 1, append=[-1]), "bad_token"),
         (Verify(seq=2, committed_len=len(PROMPT) + 1, draft=[1] * 9), "draft_too_long"),
         (Verify(seq=2, committed_len=len(PROMPT) + 1, append=[1] * 300), "context_full"),
@@ -66,11 +66,11 @@ def test_refusals_leave_the_session_unchanged(torch_target):
         assert (session.committed, session.cached_len, session.last_seq) == before
 
 
-def test_sampling_needs_a_valid_draft_distribution(torch_target):
+def test_sampling_needs_a_valid_draft_distribution(target):
     """Sampled drafts without, or outside, their distribution are refused."""
     from remote_verify.protocol import SparseDist
 
-    session = _session(torch_target, temperature=1.0)
+    session = _session(target, temperature=1.0)
     with pytest.raises(SessionError, match="one draft distribution per draft token"):
         session.verify(Verify(seq=1, committed_len=0, append=PROMPT, draft=[5]))
     with pytest.raises(SessionError, match="no mass"):
@@ -81,13 +81,13 @@ def test_sampling_needs_a_valid_draft_distribution(torch_target):
     assert verdict.committed_len == len(PROMPT) + 1 + verdict.accepted
 
 
-def test_sync_keeps_the_shared_prefix(torch_target):
+def test_sync_keeps_the_shared_prefix(target):
     """Sync adopts the client's history and keeps the cached prefix both share."""
-    session = _session(torch_target)
+    session = _session(target)
     session.verify(Verify(seq=1, committed_len=0, append=PROMPT, draft=[1, 2, 3]))
     new_history = PROMPT[:3] + [7, 8]
     synced = session.sync(Sync(seq=9, tokens=new_history))
     assert synced.committed_len == 5 and session.committed == new_history
     assert session.cached_len == 3
     verdict = session.verify(Verify(seq=10, committed_len=5, draft=[]))
-    assert verdict.token == int(_fresh_logits(torch_target, new_history).argmax())
+    assert verdict.token == int(_fresh_logits(target, new_history).argmax())

@@ -1,0 +1,40 @@
+"""A one-line progress bar on stderr for byte counts (downloads, checksums)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+class ProgressBar:
+    """Call with (done, total). Redraws in place on a terminal; prints every 10% in a log."""
+
+    def __init__(self, label: str, width: int = 30, stream=sys.stderr):
+        self.label = label
+        self.width = width
+        self.stream = stream
+        self.started = time.monotonic()
+        self._interactive = stream.isatty()
+        self._last_draw = 0.0
+        self._last_decile = -1
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        fraction = done / total if total else 1.0
+        finished = done >= total
+        decile = int(fraction * 10)
+        if not finished:
+            if self._interactive and now - self._last_draw < 0.1:
+                return
+            if not self._interactive and decile == self._last_decile:
+                return
+        self._last_draw, self._last_decile = now, decile
+        filled = int(self.width * fraction)
+        speed = done / max(now - self.started, 1e-6) / 1e6
+        line = (f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {100 * fraction:5.1f}% "
+                f"{done / 1e6:,.0f}/{total / 1e6:,.0f} MB {speed:,.0f} MB/s")
+        if self._interactive:
+            self.stream.write("\r" + line + ("\n" if finished else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()

@@ -1,0 +1,1 @@
+"""Benchmark scripts: speed and memory are measured here, never in timed tests."""
