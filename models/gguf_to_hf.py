@@ -34,6 +34,7 @@ def ensure_converted(gguf_path: Path, dtype_name: str = "float32") -> Path:
     if (out / MARKER).is_file():
         return out
     import torch
+    from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.warning("de-quantizing %s for PyTorch (once; about a minute per billion parameters)", gguf_path.name)
@@ -41,7 +42,13 @@ def ensure_converted(gguf_path: Path, dtype_name: str = "float32") -> Path:
     shutil.rmtree(partial, ignore_errors=True)
     folder, name = str(gguf_path.parent), gguf_path.name
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=getattr(torch, dtype_name))
-    model.save_pretrained(partial, safe_serialization=True)
+    # transformers will not save_pretrained() a model it read from GGUF; the weights are
+    # plain tensors by now, so write them (shared embeddings once) and a clean config.
+    partial.mkdir(parents=True)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.save_pretrained(partial)
+    save_model(model, str(partial / "model.safetensors"), metadata={"format": "pt"})
     AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(partial)
     (partial / MARKER).write_text(json.dumps({"source": str(gguf_path), "dtype": dtype_name}))
     shutil.rmtree(out, ignore_errors=True)

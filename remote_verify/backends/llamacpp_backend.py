@@ -61,6 +61,13 @@ class LlamaCppTarget:
         params.n_batch = N_BATCH
         params.n_ubatch = N_BATCH
         params.n_threads = params.n_threads_batch = self.n_threads
+        # Batch-invariant numerics: a block verified at once must score like the same tokens
+        # decoded one by one. llama.cpp's defaults (float16 cache, flash attention, which
+        # rounds queries to half precision on the CPU) move logits by ~1e-2 between batch
+        # shapes, enough to flip near-ties; float32 keys/values and plain attention keep
+        # them within ~1e-5. Costs 2x cache memory.
+        params.type_k = params.type_v = llama_cpp.GGML_TYPE_F32
+        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         context = LlamaContext(model=self.model, params=params, verbose=False)
         return LlamaCache(context, LlamaBatch(n_tokens=N_BATCH, embd=0, n_seq_max=1, verbose=False))
 

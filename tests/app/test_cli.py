@@ -110,3 +110,11 @@ def test_models_list_shows_every_pair_and_where_it_lives(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "qwen2.5-coder (default)" in done.stdout
     assert "missing, 1,117 MB" in done.stdout and str(tmp_path / "cache") in done.stdout
+
+
+def test_the_client_side_never_imports_torch():
+    """`specwire generate` stays light: the CLI and the client modules load without torch."""
+    code = ("import sys, app.cli, app.commands, local_draft.speculator, local_draft.draft_model; "
+            "print('torch' in sys.modules, 'onnxruntime' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["False", "False"], done.stderr

@@ -3,8 +3,19 @@
 Ten prompts (code completion, code questions in chat form, prose), 128 new tokens each,
 k = 4 against k = 0 through a real service. A divergence passes only if it is a numerical
 near-tie: at that position the target's two best tokens are the two that were chosen and
-their logits differ by less than NEAR_TIE_LOGITS, measured by a fresh forward pass; the
-prefix up to it must still be identical. Anything else fails.
+their logits differ by less than the backend's NEAR_TIE_LOGITS, measured by a fresh
+forward pass; the prefix up to it must still be identical. Anything else fails.
+
+The margins come from `python -m benchmarks.batch_noise --backend B` (logits of the same
+tokens, decoded one at a time vs in blocks of 5, on this two-core CPU):
+  torch     max 0.0001, median 0.0000  -> margin 0.01
+  llamacpp  max 1.17,   median 0.43    -> margin 1.5
+llama.cpp's quantized CPU kernels score a position differently by batch shape (its own
+high-level API shows the same ~0.5 logit spread); a greedy choice closer than that is not
+determined by the model, on that engine, even without speculation.
+
+The torch run takes over ten minutes on two cores, so it is marked `torch_real` and left
+out of the default test run (see the README for the command).
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ from tests.conftest import RunningService, hello_for
 
 log = logging.getLogger(__name__)
 
-NEAR_TIE_LOGITS = 0.05  # batch shape changes the summation order; more than this is a bug
+NEAR_TIE_LOGITS = {"torch": 0.01, "llamacpp": 1.5}
 MAX_TOKENS = 128
 
 
@@ -52,7 +63,7 @@ def _first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def _check_parity(backend, draft: DraftModel, url: str) -> dict:
+def _check_parity(backend, draft: DraftModel, url: str, margin: float) -> dict:
     totals = {}
     for kind, prompts in PROMPTS.items():
         for prompt in prompts:
@@ -68,7 +79,7 @@ def _check_parity(backend, draft: DraftModel, url: str) -> dict:
                 logits = backend.forward(backend.new_cache(), ids + alone[:at], n_logits=1)[0]
                 top2 = np.argsort(-logits)[:2]
                 gap = float(logits[top2[0]] - logits[top2[1]])
-                assert {alone[at], hybrid[at]} == set(top2.tolist()) and gap < NEAR_TIE_LOGITS, (
+                assert {alone[at], hybrid[at]} == set(top2.tolist()) and gap < margin, (
                     f"{prompt!r}: hybrid diverged at token {at} ({hybrid[at]} vs {alone[at]}), "
                     f"top-2 logit gap {gap:.4f} is no near-tie")
                 log.warning("%r: near-tie at token %d (gap %.4f)", prompt, at, gap)
@@ -82,7 +93,8 @@ def _check_parity(backend, draft: DraftModel, url: str) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend_name", ["llamacpp", "torch"])
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("backend_name", ["llamacpp", pytest.param("torch", marks=pytest.mark.torch_real)])
 def test_default_pair_hybrid_equals_target_alone(pair_paths, real_draft, backend_name):
     """Greedy, 128 tokens, 10 prompts: k = 4 gives the target's own tokens."""
     from remote_verify.backends import load_backend
@@ -90,7 +102,7 @@ def test_default_pair_hybrid_equals_target_alone(pair_paths, real_draft, backend
     backend = load_backend(backend_name, pair_paths["target"], device="cpu")
     service = RunningService(backend)
     try:
-        rates = _check_parity(backend, real_draft, service.url)
+        rates = _check_parity(backend, real_draft, service.url, NEAR_TIE_LOGITS[backend_name])
     finally:
         service.close()
     log.warning("%s acceptance by prompt kind: %s", backend_name, rates)
