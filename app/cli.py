@@ -43,9 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-context", type=int, default=4096, help="longest history per session")
     serve.set_defaults(run=commands.serve)
 
-    demo = sub.add_parser("demo", help="run the whole pipeline on tiny models, on this machine")
+    demo = sub.add_parser("demo", help="run the whole pipeline on this machine, target alone vs speculation")
     demo.add_argument("--k", type=int, default=4)
     demo.add_argument("--max-tokens", type=int, default=64)
+    demo.add_argument("--tiny", action="store_true", help="tiny random models instead of the default pair")
     demo.set_defaults(run=commands.demo)
 
     gen = sub.add_parser("generate", help="generate a continuation of one prompt")

@@ -11,8 +11,8 @@ import asyncio
 import codecs
 import json
 import logging
-import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -194,4 +194,7 @@ def generate(args: argparse.Namespace) -> int:
 def demo(args: argparse.Namespace) -> int:
     from app.demo import run_demo
 
-    return run_demo(k=args.k, max_tokens=args.max_tokens)
+    try:
+        return run_demo(k=args.k, max_tokens=args.max_tokens, tiny=args.tiny)
+    except subprocess.CalledProcessError as exc:
+        raise UserError(f"the demo could not prepare its models ({exc})") from exc

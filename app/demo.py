@@ -1,8 +1,9 @@
-"""`specwire demo`: the whole pipeline on one machine with the tiny models.
+"""`specwire demo`: the whole pipeline on one machine, on the default pair (or tiny models).
 
-Builds the tiny models (once, into the cache directory), starts a verification service in
-a child process, generates each demo prompt target-only (k = 0) and with speculation, and
-shows that the tokens are identical and what speculation saved.
+Fetches the default pair if it is missing (or builds the tiny models with --tiny), starts
+a verification service on 127.0.0.1 in a child process, generates each demo prompt
+greedily with the target alone (k = 0) and with speculation, and shows that the tokens are
+identical and what speculation saved: rounds (target passes and round trips) per token.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-DEMO_PROMPTS = ["def quicksort(arr):", "The quick brown fox", "import numpy as np"]
+CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+DEMO_PROMPTS = ["def quicksort(arr):", CHAT.format("What does a Python decorator do?"), "The quick brown fox"]
 
 
 def cache_dir() -> Path:
@@ -32,37 +34,53 @@ def start_service(target: Path) -> tuple[subprocess.Popen, str]:
     return process, line.split()[-1]
 
 
-def run_demo(k: int, max_tokens: int) -> int:
+def demo_models(tiny: bool) -> tuple[Path, Path]:
+    """(draft, target) paths: the tiny models, built, or the default pair, fetched."""
+    cli = [sys.executable, "-m", "app.cli", "models"]
+    if tiny:
+        models_dir = cache_dir() / "tiny"
+        subprocess.run(cli + ["tiny", str(models_dir)], check=True, stdout=subprocess.DEVNULL)
+        return models_dir / "draft.gguf", models_dir / "target"
+    from models.registry import file_path, get_pair
+
+    subprocess.run(cli + ["fetch"], check=True)
+    pair = get_pair()
+    return file_path(pair, pair.draft), file_path(pair, pair.target)
+
+
+def run_demo(k: int, max_tokens: int, tiny: bool) -> int:
     from local_draft.draft_model import DraftModel
     from local_draft.speculator import Speculator
     from local_draft.verify_client import VerifyClient
     from remote_verify.protocol import Hello, SamplingParams
 
-    models_dir = cache_dir() / "tiny"
-    print(f"building tiny models in {models_dir} ...", flush=True)
-    subprocess.run([sys.executable, "-m", "app.cli", "models", "tiny", str(models_dir)], check=True,
-                   stdout=subprocess.DEVNULL)
-    service, url = start_service(models_dir / "target")
+    draft_path, target_path = demo_models(tiny)
+    print(f"starting a verification service for {target_path.name} ...", flush=True)
+    service, url = start_service(target_path)
     print(f"verification service listening on {url}\n", flush=True)
     try:
-        draft = DraftModel(models_dir / "draft.gguf")
+        draft = DraftModel(draft_path)
         params = SamplingParams()  # greedy: output must equal the target's token for token
         hello = Hello(vocab_fingerprint=draft.vocab_fingerprint, vocab_size=draft.vocab_size,
                       bos_id=draft.bos_id, eos_id=draft.eos_id, sampling=params, client="specwire demo")
         client = VerifyClient(url, hello)
-        header = f"{'prompt':24s} {'mode':8s} {'rounds':>6s} {'accept':>7s} {'tok/round':>9s} {'tok/s':>8s}  same tokens"
-        print(header + "\n" + "-" * len(header))
+        header = f"{'prompt':28s} {'mode':5s} {'tokens':>6s} {'rounds':>6s} {'accept':>7s} {'tok/round':>9s} {'tok/s':>7s}"
+        print(header + "  same tokens\n" + "-" * (len(header) + 13))
         for prompt in DEMO_PROMPTS:
             ids = draft.tokenize(prompt)
             alone = Speculator(draft, client, params, k=0).generate(ids, max_tokens)
             hybrid = Speculator(draft, client, params, k=k).generate(ids, max_tokens)
-            same = "yes" if hybrid.token_ids == alone.token_ids else "NO"
-            for mode, result in ((f"k=0", alone), (f"k={k}", hybrid)):
+            label = prompt.replace("<|im_start|>user\n", "[chat] ").splitlines()[0][:28]
+            for mode, result in (("k=0", alone), (f"k={k}", hybrid)):
                 s = result.stats
-                print(f"{prompt[:24]:24s} {mode:8s} {s.rounds:6d} {s.acceptance_rate:7.2f} "
-                      f"{s.tokens_per_round:9.2f} {s.tokens_per_s:8.1f}  {same if mode != 'k=0' else ''}")
+                same = ("yes" if hybrid.token_ids == alone.token_ids else "NO") if result is hybrid else ""
+                print(f"{label:28s} {mode:5s} {s.generated:6d} {s.rounds:6d} {s.acceptance_rate:7.2f} "
+                      f"{s.tokens_per_round:9.2f} {s.tokens_per_s:7.1f}  {same}")
+            text = b"".join(draft.token_bytes(t) for t in hybrid.token_ids).decode("utf-8", "replace")
+            print(f"    -> {text[:150]!r}")
         client.close()
-        print("\nThe tiny models are random weights: the text is noise, the machinery is real.")
+        if tiny:
+            print("\nThe tiny models are random weights: the text is noise, the machinery is real.")
     finally:
         service.terminate()
         service.wait(timeout=30)

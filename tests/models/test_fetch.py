@@ -12,7 +12,6 @@ import io
 import json
 import threading
 import zipfile
-from pathlib import Path
 
 import pytest
 
