@@ -112,7 +112,6 @@ class VerifyService:
         session = await self._open_session(ws)
         if session is None:
             return
-        self.sessions[session.id] = session
         loop = asyncio.get_running_loop()
         try:
             async for frame in ws:
@@ -124,7 +123,7 @@ class VerifyService:
         except ConnectionClosed:
             pass
         finally:
-            del self.sessions[session.id]
+            self.sessions.pop(session.id, None)
             log.info("session %s closed after %d committed tokens", session.id, len(session.committed))
 
     async def _answer(self, loop: asyncio.AbstractEventLoop, session: Session, frame: bytes | str):
@@ -172,10 +171,15 @@ class VerifyService:
             await self._refuse(ws, CLOSE_PROTOCOL_ERROR, "bad_sampling", "; ".join(problems))
             return None
         session = Session(self.backend, hello.sampling, hello.seed, self.limits)
-        await ws.send(encode(Welcome(
-            session_id=session.id, max_context=self.limits.max_context, max_draft=self.limits.max_draft,
-            vocab_size=self.backend.vocab_size, target=self.backend.name,
-            capabilities=["greedy", "sampling", "sync"])))
+        self.sessions[session.id] = session  # registered before the client can use it
+        try:
+            await ws.send(encode(Welcome(
+                session_id=session.id, max_context=self.limits.max_context, max_draft=self.limits.max_draft,
+                vocab_size=self.backend.vocab_size, target=self.backend.name,
+                capabilities=["greedy", "sampling", "sync"])))
+        except ConnectionClosed:
+            del self.sessions[session.id]
+            return None
         log.info("session %s opened (%s)", session.id, hello.client or "unnamed client")
         return session
 
