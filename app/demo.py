@@ -8,7 +8,6 @@ identical and what speculation saved: rounds (target passes and round trips) per
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,11 +15,6 @@ from pathlib import Path
 NEAR_TIE_LOGITS = 1.5  # llama.cpp's batch-shape noise on quantized weights (benchmarks/batch_noise.py)
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 DEMO_PROMPTS = ["def quicksort(arr):", CHAT.format("What does a Python decorator do?"), "The quick brown fox"]
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "specwire"
 
 
 def start_service(target: Path) -> tuple[subprocess.Popen, str]:
@@ -38,11 +32,12 @@ def start_service(target: Path) -> tuple[subprocess.Popen, str]:
 def demo_models(tiny: bool) -> tuple[Path, Path]:
     """(draft, target) paths: the tiny models, built, or the default pair, fetched."""
     cli = [sys.executable, "-m", "app.cli", "models"]
+    from models.registry import file_path, get_pair, models_dir
+
     if tiny:
-        models_dir = cache_dir() / "tiny"
-        subprocess.run(cli + ["tiny", str(models_dir)], check=True, stdout=subprocess.DEVNULL)
-        return models_dir / "draft.gguf", models_dir / "target"
-    from models.registry import file_path, get_pair
+        tiny_dir = models_dir() / "tiny"
+        subprocess.run(cli + ["tiny", str(tiny_dir)], check=True, stdout=subprocess.DEVNULL)
+        return tiny_dir / "draft.gguf", tiny_dir / "target"
 
     subprocess.run(cli + ["fetch"], check=True)
     pair = get_pair()
