@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install specwire into ./.venv: the client, the PyTorch verification service, and
+# Install specwire into ./.venv: the client, the verification service (PyTorch and ONNX
+# Runtime backends), the benchmark's plotting, and
 # (with --dev) the test tools. Safe to run again: what is installed is kept.
 #
 #   SPECWIRE_TORCH      the torch requirement (default torch==2.13.0). For a CPU-only build
@@ -8,8 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-extras="server"
-[[ "${1:-}" == "--dev" ]] && extras="server,dev"
+extras="server,onnx,bench"
+[[ "${1:-}" == "--dev" ]] && extras="server,onnx,bench,dev"
 
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
