@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="ws://HOST:PORT of a verification service (default: %(default)s)")
     where.add_argument("--offline", action="store_true", help="draft model alone, no verification")
     gen.add_argument("--token-file", default=env("SPECWIRE_TOKEN_FILE"))
+    gen.add_argument("--ca-file", default=env("SPECWIRE_CA_FILE"),
+                     help="CA certificates to trust for a wss:// service (default: the system's)")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--max-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")

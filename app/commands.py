@@ -135,8 +135,9 @@ def serve(args: argparse.Namespace) -> int:
 
 def generate(args: argparse.Namespace) -> int:
     from local_draft.draft_model import DraftModel, DraftModelError
+    from local_draft.service_link import LinkState, ServiceLink
     from local_draft.speculator import Speculator
-    from local_draft.verify_client import ServiceUnreachable, VerifyClient, VerifyError
+    from local_draft.verify_client import ServiceUnreachable, VerifyError
     from remote_verify.protocol import Hello, SamplingParams
 
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
@@ -148,21 +149,31 @@ def generate(args: argparse.Namespace) -> int:
     except DraftModelError as exc:
         raise UserError(str(exc)) from exc
 
-    client = None
+    def report_link(state: LinkState) -> None:
+        print(f"[{state.detail}]", file=sys.stderr, flush=True)
+
+    link = None
     if not args.offline:
         hello = Hello(vocab_fingerprint=draft.vocab_fingerprint, vocab_size=draft.vocab_size,
                       bos_id=draft.bos_id, eos_id=draft.eos_id, sampling=params, seed=args.seed,
                       client="specwire generate")
         try:
-            client = VerifyClient(args.server, hello, token=read_token_file(args.token_file))
+            link = ServiceLink(args.server, hello, token=read_token_file(args.token_file),
+                               ca_file=args.ca_file, on_state=report_link)
         except (ServiceUnreachable, VerifyError) as exc:
             raise UserError(f"{exc} (or run with --offline)") from exc
 
     prompt = draft.tokenize(args.prompt)
-    speculator = Speculator(draft, client, params, k=args.k, seed=args.seed)
+    speculator = Speculator(draft, link, params, k=args.k, seed=args.seed)
+    provenance_runs: list[list] = []  # [provenance, count] runs: which tokens were verified
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def stream(tokens: list[int], provenance: list[str]) -> None:
+        for mark in provenance:
+            if provenance_runs and provenance_runs[-1][0] == mark:
+                provenance_runs[-1][1] += 1
+            else:
+                provenance_runs.append([mark, 1])
         if not args.json:
             sys.stdout.write(decoder.decode(b"".join(draft.token_bytes(t) for t in tokens)))
             sys.stdout.flush()
@@ -172,8 +183,8 @@ def generate(args: argparse.Namespace) -> int:
     except (ServiceUnreachable, VerifyError) as exc:
         raise UserError(str(exc)) from exc
     finally:
-        if client is not None:
-            client.close()
+        if link is not None:
+            link.close()
 
     text = b"".join(draft.token_bytes(t) for t in result.token_ids).decode("utf-8", errors="replace")
     stats = result.stats
@@ -181,13 +192,14 @@ def generate(args: argparse.Namespace) -> int:
         print(json.dumps({
             "text": text, "token_ids": result.token_ids, "prompt_tokens": len(prompt),
             "stop_reason": result.stop_reason, "mode": "offline" if args.offline else "hybrid",
-            "k": args.k, "stats": stats.as_dict(),
+            "k": args.k, "provenance": provenance_runs, "stats": stats.as_dict(),
         }))
     else:
         sys.stdout.write(decoder.decode(b"", final=True) + "\n")
         print(f"[stopped at {result.stop_reason}: {stats.generated} tokens in {stats.wall_s:.2f} s, "
               f"{stats.rounds} rounds, acceptance {stats.acceptance_rate:.2f}, "
-              f"{stats.tokens_per_round:.2f} tokens/round, {stats.tokens_per_s:.1f} tokens/s]", file=sys.stderr)
+              f"{stats.tokens_per_round:.2f} tokens/round, {stats.tokens_per_s:.1f} tokens/s"
+              + (f", {stats.offline} unverified (offline)" if stats.offline else "") + "]", file=sys.stderr)
     return 0
 
 

@@ -4,6 +4,10 @@ The client holds the whole history; the service holds a copy it extends each rou
 the two could differ (a reply cut at EOS, a new turn, an error) the client sends Sync.
 Every committed token is reported with its provenance: "draft" (a draft token the target
 accepted), "target" (the target's correction or bonus) or "offline" (unverified).
+
+When the service is lost mid-reply the loop goes on offline, one draft token a round,
+while the ServiceLink reconnects; the first round on a new connection rebuilds the
+service's copy from the client's history, and verification resumes.
 """
 
 from __future__ import annotations
@@ -15,10 +19,25 @@ from typing import Callable, Sequence
 import numpy as np
 
 from local_draft.draft_model import DraftModel, DraftModelError
-from local_draft.verify_client import VerifyClient, VerifyError
+from local_draft.service_link import ServiceLink
+from local_draft.verify_client import ServiceUnreachable, VerifyClient, VerifyError
 from remote_verify.protocol import SamplingParams, Sync, Verify
 
 OnCommit = Callable[[list[int], list[str]], None]  # (tokens, provenance of each)
+ShouldStop = Callable[[], bool]
+
+
+class FixedLink:
+    """A bare client as a link that never reconnects: losing its service is an error."""
+
+    def __init__(self, client: VerifyClient):
+        self.client = client
+
+    def current(self) -> VerifyClient:
+        return self.client
+
+    def lost(self, reason: str) -> None:
+        raise ServiceUnreachable(reason)
 
 
 @dataclass
@@ -34,6 +53,7 @@ class GenerationStats:
     wall_s: float = 0.0
     bytes_sent: int = 0
     bytes_received: int = 0
+    offline: int = 0  # tokens committed unverified while the service was away
 
     @property
     def acceptance_rate(self) -> float:
@@ -67,41 +87,53 @@ class GenerationStats:
             "draft_s": round(self.draft_s, 4), "verify_s": round(self.verify_s, 4),
             "wall_s": round(self.wall_s, 4), "tokens_per_s": round(self.tokens_per_s, 2),
             "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
+            "offline": self.offline,
         }
 
 
 @dataclass
 class Generation:
     token_ids: list[int]
-    stop_reason: str  # "eos", "max_tokens" or "context"
+    stop_reason: str  # "eos", "max_tokens", "context" or "stopped"
     stats: GenerationStats
 
 
 class Speculator:
-    def __init__(self, draft: DraftModel, client: VerifyClient | None, params: SamplingParams,
-                 k: int = 4, seed: int | None = None):
+    def __init__(self, draft: DraftModel, link: ServiceLink | VerifyClient | None,
+                 params: SamplingParams, k: int = 4, seed: int | None = None):
         self.draft = draft
-        self.client = client
+        self.link = FixedLink(link) if isinstance(link, VerifyClient) else link  # None: offline
         self.params = params
         self.k = k
         self.rng = np.random.default_rng(seed)
+        self._client: VerifyClient | None = None  # the connection _service_history refers to
         self._service_history: list[int] = []  # what the service holds, as far as we know
         self._seq = 0
+        self._bytes_before_client = (0, 0)  # byte counts of connections since replaced
 
-    def generate(self, context: Sequence[int], max_tokens: int,
-                 on_commit: OnCommit | None = None) -> Generation:
-        """Continue `context` by up to max_tokens tokens (fewer at EOS or a full context)."""
+    def generate(self, context: Sequence[int], max_tokens: int, on_commit: OnCommit | None = None,
+                 should_stop: ShouldStop | None = None) -> Generation:
+        """Continue `context` by up to max_tokens tokens (fewer at EOS, a full context or a stop)."""
         history = list(context)
         new: list[int] = []
         stats = GenerationStats()
         started = time.perf_counter()
+        self._use_current_client()  # so that the byte counts start after any handshake
         sent0, received0 = self._byte_counts()
         stop_reason = "max_tokens"
         while len(new) < max_tokens:
+            if should_stop is not None and should_stop():
+                stop_reason = "stopped"
+                break
             try:
                 committed, provenance = self._round(history, max_tokens - len(new), stats)
             except DraftModelError:
                 stop_reason = "context"
+                break
+            except VerifyError as exc:
+                if exc.code != "context_full":
+                    raise
+                stop_reason = "context"  # the service's context limit is below the drafter's
                 break
             if self.draft.eos_id in committed:
                 cut = committed.index(self.draft.eos_id) + 1
@@ -121,12 +153,8 @@ class Speculator:
     def _round(self, history: list[int], remaining: int,
                stats: GenerationStats) -> tuple[list[int], list[str]]:
         """One round; returns the committed tokens and the provenance of each."""
-        if self.client is None:  # offline: the draft model alone, from its full distribution
-            t0 = time.perf_counter()
-            tokens, _ = self.draft.propose(history, 1, self.params, self.rng, cap=None)
-            stats.draft_s += time.perf_counter() - t0
-            stats.record_round(0, 0, 1)
-            return tokens, ["offline"]
+        if not self._use_current_client():
+            return self._offline_round(history, stats)
 
         k = max(0, min(self.k, remaining - 1))  # the service always adds one token of its own
         t0 = time.perf_counter()
@@ -135,13 +163,44 @@ class Speculator:
             cut = draft.index(self.draft.eos_id) + 1
             draft, dists = draft[:cut], dists[:cut]
         t1 = time.perf_counter()
-        verdict = self._verify(history, draft, dists)
         stats.draft_s += t1 - t0
+        try:
+            verdict = self._verify(history, draft, dists)
+        except ServiceUnreachable as exc:
+            self._forget_client()
+            self.link.lost(str(exc))  # a FixedLink raises here: no link, no fallback
+            # The drafts were sampled for the wire (truncated): draw afresh, as offline does.
+            return self._offline_round(history, stats)
         stats.verify_s += time.perf_counter() - t1
         committed = draft[: verdict.accepted] + [verdict.token]
         self._service_history = history + committed
         stats.record_round(len(draft), verdict.accepted, len(committed))
         return committed, ["draft"] * verdict.accepted + ["target"]
+
+    def _offline_round(self, history: list[int], stats: GenerationStats) -> tuple[list[int], list[str]]:
+        """The draft model alone, one token from its full distribution: unverified."""
+        t0 = time.perf_counter()
+        tokens, _ = self.draft.propose(history, 1, self.params, self.rng, cap=None)
+        stats.draft_s += time.perf_counter() - t0
+        stats.record_round(0, 0, 1)
+        stats.offline += 1
+        return tokens, ["offline"]
+
+    def _use_current_client(self) -> bool:
+        """Follow the link to its live connection; a new one starts with an empty session."""
+        client = self.link.current() if self.link is not None else None
+        if client is not self._client:
+            self._forget_client()
+            self._client = client
+        return client is not None
+
+    def _forget_client(self) -> None:
+        if self._client is not None:
+            sent, received = self._bytes_before_client
+            self._bytes_before_client = (sent + self._client.bytes_sent, received + self._client.bytes_received)
+        self._client = None
+        self._service_history = []
+        self._seq = 0
 
     def _verify(self, history: list[int], draft: list[int], dists):
         known = self._service_history
@@ -152,21 +211,22 @@ class Speculator:
         request = Verify(seq=self._seq, committed_len=len(known), append=history[len(known):],
                          draft=draft, draft_dists=dists)
         try:
-            return self.client.verify(request)
+            return self._client.verify(request)
         except VerifyError as exc:
             if exc.fatal or exc.code not in ("stale_state", "bad_seq"):
                 raise
         self._sync(history)  # the service lost track of us: rebuild its copy, retry once
         self._seq += 1
-        return self.client.verify(Verify(seq=self._seq, committed_len=len(history), draft=draft,
+        return self._client.verify(Verify(seq=self._seq, committed_len=len(history), draft=draft,
                                          draft_dists=dists))
 
     def _sync(self, history: list[int]) -> None:
         self._seq += 1
-        self.client.sync(Sync(seq=self._seq, tokens=list(history)))
+        self._client.sync(Sync(seq=self._seq, tokens=list(history)))
         self._service_history = list(history)
 
     def _byte_counts(self) -> tuple[int, int]:
-        if self.client is None:
-            return 0, 0
-        return self.client.bytes_sent, self.client.bytes_received
+        sent, received = self._bytes_before_client
+        if self._client is not None:
+            sent, received = sent + self._client.bytes_sent, received + self._client.bytes_received
+        return sent, received

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import ssl
 
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidHandshake
 from websockets.sync.client import ClientConnection, connect
@@ -27,6 +28,8 @@ from remote_verify.protocol import (
 
 log = logging.getLogger(__name__)
 
+SECONDS_PER_NEW_TOKEN = 0.05  # a generous CPU prefill rate for a 1.5B target
+
 
 class VerifyError(RuntimeError):
     """The service refused a request; `code` says why, `fatal` whether the session is over."""
@@ -41,19 +44,31 @@ class ServiceUnreachable(RuntimeError):
     """The service could not be reached, or the connection dropped."""
 
 
+def tls_context(url: str, ca_file: str | None) -> ssl.SSLContext | None:
+    """The TLS settings for a wss:// URL: the system's CAs, or only those in ca_file."""
+    if not url.startswith("wss://"):
+        if ca_file:
+            log.warning("--ca-file is ignored for %s: it is not a wss:// URL", url)
+        return None
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise VerifyError("bad_ca_file", f"cannot use the CA file {ca_file}: {exc}", fatal=True) from exc
+
+
 class VerifyClient:
-    def __init__(self, url: str, hello: Hello, token: str | None = None,
-                 open_timeout_s: float = 10.0, reply_timeout_s: float = 120.0,
+    def __init__(self, url: str, hello: Hello, token: str | None = None, ca_file: str | None = None,
+                 open_timeout_s: float = 10.0, stall_timeout_s: float = 10.0,
                  max_frame_bytes: int = 4 * 1024 * 1024):
         self.url = url
-        self.reply_timeout_s = reply_timeout_s
+        self.stall_timeout_s = stall_timeout_s
         self.bytes_sent = 0
         self.bytes_received = 0
         headers = {"Authorization": f"Bearer {token}"} if token else None
         self._exit = contextlib.ExitStack()  # websockets wants connect() used as a context
         try:
             self._ws: ClientConnection = self._exit.enter_context(connect(
-                url, subprotocols=[SUBPROTOCOL], additional_headers=headers,
+                url, subprotocols=[SUBPROTOCOL], additional_headers=headers, ssl=tls_context(url, ca_file),
                 open_timeout=open_timeout_s, max_size=max_frame_bytes, compression=None))
         except InvalidStatus as exc:
             body = exc.response.body.decode("utf-8", "replace").strip() if exc.response.body else ""
@@ -66,20 +81,26 @@ class VerifyClient:
         self.welcome = self._request(hello, Welcome)
 
     def verify(self, request: Verify) -> Verdict:
-        return self._request(request, Verdict)
+        return self._request(request, Verdict, len(request.append) + len(request.draft))
 
     def sync(self, request: Sync) -> Synced:
-        return self._request(request, Synced)
+        return self._request(request, Synced, len(request.tokens))
 
     def close(self) -> None:
         self._exit.close()
 
-    def _request(self, message, expected: type):
+    def _request(self, message, expected: type, new_tokens: int = 0):
         frame = encode(message)
+        # A stalled link looks like a slow service: allow the service time for the tokens it
+        # must run (a long prompt on a CPU takes seconds), then call the link stalled.
+        timeout = self.stall_timeout_s + SECONDS_PER_NEW_TOKEN * new_tokens
         try:
             self._ws.send(frame)
-            reply_frame = self._ws.recv(timeout=self.reply_timeout_s)
-        except (ConnectionClosed, OSError, TimeoutError) as exc:
+            reply_frame = self._ws.recv(timeout=timeout)
+        except TimeoutError as exc:
+            raise ServiceUnreachable(f"the verification service at {self.url} did not answer "
+                                     f"within {timeout:.0f} s") from exc
+        except (ConnectionClosed, OSError) as exc:
             raise ServiceUnreachable(f"lost the verification service at {self.url}: {exc}") from exc
         self.bytes_sent += len(frame)
         self.bytes_received += len(reply_frame)

@@ -1,0 +1,119 @@
+"""The client's hold on a verification service: connected, or down and reconnecting.
+
+A link is made connected (the first connection happens in the constructor, so a wrong URL,
+a refused token or a vocabulary mismatch is an error the caller sees at once). When the
+speculation loop loses the service mid-reply it calls `lost()`; the link then reconnects
+on a background thread with exponential backoff, and the loop keeps generating offline
+until `current()` hands it a fresh client. A fresh client means a fresh service-side
+session: the loop rebuilds it from its own history, which is why any replica will do.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from local_draft.verify_client import ServiceUnreachable, VerifyClient, VerifyError
+from remote_verify.protocol import Hello
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LinkState:
+    connected: bool
+    detail: str  # what happened, for a person to read
+    retry_in_s: float | None = None  # when the next reconnect attempt is due, if one is
+
+
+@dataclass(frozen=True)
+class Backoff:
+    first_s: float = 0.25  # quick enough to catch a service restarting in place
+    factor: float = 2.0
+    max_s: float = 15.0
+    jitter: float = 0.2  # +-20%, so many clients of one restarted service do not stampede
+
+    def delays(self):
+        delay = self.first_s
+        while True:
+            yield delay * random.uniform(1 - self.jitter, 1 + self.jitter)
+            delay = min(delay * self.factor, self.max_s)
+
+
+OnState = Callable[[LinkState], None]
+
+
+class ServiceLink:
+    def __init__(self, url: str, hello: Hello, token: str | None = None, ca_file: str | None = None,
+                 on_state: OnState | None = None, backoff: Backoff = Backoff(),
+                 stall_timeout_s: float = 10.0):
+        self.url = url
+        self.on_state = on_state
+        self._connect_args = dict(url=url, hello=hello, token=token, ca_file=ca_file,
+                                  stall_timeout_s=stall_timeout_s)
+        self._backoff = backoff
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._reconnector: threading.Thread | None = None
+        self._client: VerifyClient | None = VerifyClient(**self._connect_args)
+        self.connections = 1  # how many sessions this link has opened, reconnects included
+
+    @property
+    def connected(self) -> bool:
+        return self._client is not None
+
+    def current(self) -> VerifyClient | None:
+        """The live client, or None while the service is down."""
+        return self._client
+
+    def lost(self, reason: str) -> None:
+        """The service stopped answering: drop the client and reconnect in the background."""
+        with self._lock:
+            client, self._client = self._client, None
+            if self._reconnector is None or not self._reconnector.is_alive():
+                self._reconnector = threading.Thread(target=self._reconnect, name="specwire-reconnect",
+                                                     daemon=True)
+                self._reconnector.start()
+        if client is not None:
+            client.close()
+        log.warning("lost the verification service at %s (%s); continuing offline", self.url, reason)
+        self._notify(LinkState(False, f"lost the service ({reason}); continuing offline"))
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def _reconnect(self) -> None:
+        for delay in self._backoff.delays():
+            self._notify(LinkState(False, f"service unreachable, retrying in {delay:.1f} s", delay))
+            if self._closed.wait(delay):
+                return
+            try:
+                client = VerifyClient(**self._connect_args)
+            except ServiceUnreachable:
+                continue
+            except VerifyError as exc:  # refused for good (token, vocabulary): stop trying
+                self._notify(LinkState(False, f"the service refused to reconnect: {exc}"))
+                return
+            with self._lock:
+                if self._closed.is_set():
+                    client.close()
+                    return
+                self._client = client
+                self.connections += 1
+            log.info("reconnected to the verification service at %s", self.url)
+            self._notify(LinkState(True, f"reconnected to {self.url}"))
+            return
+
+    def _notify(self, state: LinkState) -> None:
+        if self.on_state is not None:
+            try:
+                self.on_state(state)
+            except Exception:  # a listener's bug must not stop the reconnects
+                log.exception("link state listener failed")

@@ -1,0 +1,133 @@
+"""Losing the service mid-reply: the reply goes on offline, marked, and verification resumes
+on a restarted service, rebuilt from the client's history, with parity intact."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from local_draft.service_link import Backoff, ServiceLink
+from local_draft.speculator import Speculator
+from remote_verify.protocol import SamplingParams
+from tests.conftest import hello_for
+
+SPECWIRE = str(Path(sys.executable).parent / "specwire")
+FAST_BACKOFF = Backoff(first_s=0.05, max_s=0.3)
+
+
+def start_service(target: Path, port: int = 0) -> tuple[subprocess.Popen, int]:
+    """`specwire serve` in a child process (so that it can be SIGKILLed); returns it and its port."""
+    process = subprocess.Popen([SPECWIRE, "serve", "--target", str(target), "--port", str(port)],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = process.stdout.readline()
+    assert line.startswith("listening on ws://127.0.0.1:"), line
+    return process, int(line.rsplit(":", 1)[1])
+
+
+def target_alone(target, context: list[int], n: int) -> list[int]:
+    """Greedy continuation by the target backend itself, one token at a time."""
+    cache, tokens = target.new_cache(), []
+    logits = target.forward(cache, context, 1)
+    for _ in range(n):
+        tokens.append(int(logits[-1].argmax()))
+        logits = target.forward(cache, tokens[-1:], 1)
+    return tokens
+
+
+def wait_for(condition, timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_kill_mid_reply_goes_offline_then_a_restart_is_verified_again(tiny, torch_target, close_draft):
+    """SIGKILL after 20 tokens: offline tokens follow, marked; after a restart on the same port
+    the link reconnects, the service rebuilds the session, and greedy parity holds again."""
+    process, port = start_service(tiny.target)
+    states = []
+    link = ServiceLink(f"ws://127.0.0.1:{port}", hello_for(close_draft), on_state=states.append,
+                       backoff=FAST_BACKOFF)
+    marks: list[str] = []
+
+    def on_commit(tokens: list[int], provenance: list[str]) -> None:
+        nonlocal process
+        marks.extend(provenance)
+        if len(marks) >= 20 and process.poll() is None and "offline" not in marks:
+            process.kill()
+            process.wait()
+        elif marks.count("offline") >= 10 and process.poll() is not None:
+            process, _ = start_service(tiny.target, port)  # the same address, a new session
+            assert wait_for(lambda: link.connected), "the link did not reconnect"
+
+    prompt = close_draft.tokenize("def quicksort(arr):")
+    try:
+        result = Speculator(close_draft, link, SamplingParams(), k=4).generate(prompt, 120, on_commit)
+    finally:
+        link.close()
+        process.kill()
+
+    assert len(result.token_ids) == 120 and result.stop_reason == "max_tokens"
+    first_offline = marks.index("offline")
+    last_offline = len(marks) - 1 - marks[::-1].index("offline")
+    assert first_offline >= 20 and last_offline - first_offline + 1 >= 10
+    assert set(marks[last_offline + 1:]) <= {"draft", "target"} and len(marks) - last_offline > 20
+    assert result.stats.offline == marks.count("offline")
+    assert link.connections == 2
+    assert any(not s.connected for s in states) and states[-1].connected
+
+    # before the kill: the target's own tokens; after the restart: the target's continuation
+    # of everything committed so far, offline tokens included
+    ids = result.token_ids
+    assert ids[:first_offline] == target_alone(torch_target, prompt, first_offline)
+    resumed = last_offline + 1
+    assert ids[resumed:] == target_alone(torch_target, prompt + ids[:resumed], len(ids) - resumed)
+
+
+def test_generate_finishes_a_reply_offline_when_the_service_is_killed(tiny, close_draft):
+    """`specwire generate`: kill -9 of the service once text streams; the reply is complete,
+    the notice is on stderr and the summary counts the unverified tokens."""
+    process, port = start_service(tiny.target)
+    try:
+        generate = subprocess.Popen(
+            [SPECWIRE, "generate", "--draft", str(tiny.draft), "--server", f"ws://127.0.0.1:{port}",
+             "--prompt", "def f(x):", "--max-tokens", "3000", "--temperature", "0"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        generate.stdout.read(1)  # the first streamed byte: the reply is under way
+        process.kill()
+        out, err = generate.communicate(timeout=120)
+    finally:
+        process.kill()
+    err = err.decode()
+    assert generate.returncode == 0, err
+    assert "lost the service" in err and "continuing offline" in err
+    assert "stopped at max_tokens: 3000 tokens" in err
+    assert " unverified (offline)" in err and "Traceback" not in err
+
+
+def test_a_refused_reconnect_stops_retrying(tiny, close_draft, tmp_path):
+    """A service that comes back demanding a token: the link says so and gives up, offline stays."""
+    process, port = start_service(tiny.target)
+    states = []
+    link = ServiceLink(f"ws://127.0.0.1:{port}", hello_for(close_draft), on_state=states.append,
+                       backoff=FAST_BACKOFF)
+    process.kill()
+    process.wait()
+    link.lost("killed by the test")
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret")
+    token_file.chmod(0o600)
+    guarded = subprocess.Popen([SPECWIRE, "serve", "--target", str(tiny.target), "--port", str(port),
+                                "--token-file", str(token_file)],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert guarded.stdout.readline().startswith("listening on")
+        assert wait_for(lambda: states and "refused" in states[-1].detail)
+        assert not link.connected and "401" in states[-1].detail
+    finally:
+        link.close()
+        guarded.kill()
