@@ -3,10 +3,13 @@ on a restarted service, rebuilt from the client's history, with parity intact.""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from local_draft.service_link import Backoff, ServiceLink
 from local_draft.speculator import Speculator
@@ -45,9 +48,12 @@ def wait_for(condition, timeout_s: float = 20.0) -> bool:
     return False
 
 
-def test_kill_mid_reply_goes_offline_then_a_restart_is_verified_again(tiny, torch_target, close_draft):
-    """SIGKILL after 20 tokens: offline tokens follow, marked; after a restart on the same port
-    the link reconnects, the service rebuilds the session, and greedy parity holds again."""
+@pytest.mark.parametrize("stop_signal", [signal.SIGKILL, signal.SIGTERM], ids=["kill", "term"])
+def test_losing_the_service_mid_reply_goes_offline_then_a_restart_is_verified_again(
+        tiny, torch_target, close_draft, stop_signal):
+    """SIGKILL (or SIGTERM: a clean going-away close) after 20 tokens: offline tokens follow,
+    marked; after a restart on the same port the link reconnects, the service rebuilds the
+    session, and greedy parity holds again."""
     process, port = start_service(tiny.target)
     states = []
     link = ServiceLink(f"ws://127.0.0.1:{port}", hello_for(close_draft), on_state=states.append,
@@ -58,7 +64,7 @@ def test_kill_mid_reply_goes_offline_then_a_restart_is_verified_again(tiny, torc
         nonlocal process
         marks.extend(provenance)
         if len(marks) >= 20 and process.poll() is None and "offline" not in marks:
-            process.kill()
+            process.send_signal(stop_signal)
             process.wait()
         elif marks.count("offline") >= 10 and process.poll() is not None:
             process, _ = start_service(tiny.target, port)  # the same address, a new session
