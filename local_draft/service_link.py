@@ -52,8 +52,9 @@ class ServiceLink:
                  stall_timeout_s: float = 10.0):
         self.url = url
         self.on_state = on_state
+        # A handshake that hangs is a stall too: one timeout for both.
         self._connect_args = dict(url=url, hello=hello, token=token, ca_file=ca_file,
-                                  stall_timeout_s=stall_timeout_s)
+                                  open_timeout_s=stall_timeout_s, stall_timeout_s=stall_timeout_s)
         self._backoff = backoff
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -74,11 +75,12 @@ class ServiceLink:
         with self._lock:
             client, self._client = self._client, None
             if self._reconnector is None or not self._reconnector.is_alive():
-                self._reconnector = threading.Thread(target=self._reconnect, name="specwire-reconnect",
-                                                     daemon=True)
+                # closing a stalled connection waits out its close handshake: not on this thread
+                self._reconnector = threading.Thread(target=self._reconnect, args=(client,),
+                                                     name="specwire-reconnect", daemon=True)
                 self._reconnector.start()
-        if client is not None:
-            client.close()
+            elif client is not None:
+                threading.Thread(target=client.close, daemon=True).start()
         log.warning("lost the verification service at %s (%s); continuing offline", self.url, reason)
         self._notify(LinkState(False, f"lost the service ({reason}); continuing offline"))
 
@@ -89,7 +91,9 @@ class ServiceLink:
         if client is not None:
             client.close()
 
-    def _reconnect(self) -> None:
+    def _reconnect(self, old: VerifyClient | None) -> None:
+        if old is not None:
+            old.close()
         for delay in self._backoff.delays():
             self._notify(LinkState(False, f"service unreachable, retrying in {delay:.1f} s", delay))
             if self._closed.wait(delay):

@@ -29,6 +29,7 @@ from remote_verify.protocol import (
 log = logging.getLogger(__name__)
 
 SECONDS_PER_NEW_TOKEN = 0.05  # a generous CPU prefill rate for a 1.5B target
+CLOSE_TIMEOUT_S = 2.0  # a live service answers a close at once; do not wait on a dead one
 
 
 class VerifyError(RuntimeError):
@@ -69,7 +70,8 @@ class VerifyClient:
         try:
             self._ws: ClientConnection = self._exit.enter_context(connect(
                 url, subprotocols=[SUBPROTOCOL], additional_headers=headers, ssl=tls_context(url, ca_file),
-                open_timeout=open_timeout_s, max_size=max_frame_bytes, compression=None))
+                open_timeout=open_timeout_s, close_timeout=CLOSE_TIMEOUT_S, max_size=max_frame_bytes,
+                compression=None))
         except InvalidStatus as exc:
             body = exc.response.body.decode("utf-8", "replace").strip() if exc.response.body else ""
             raise VerifyError("http_" + str(exc.response.status_code),

@@ -94,6 +94,34 @@ def test_losing_the_service_mid_reply_goes_offline_then_a_restart_is_verified_ag
     assert ids[resumed:] == target_alone(torch_target, prompt + ids[:resumed], len(ids) - resumed)
 
 
+def test_a_stalled_service_times_out_into_offline_and_is_used_again_when_it_wakes(tiny, close_draft):
+    """SIGSTOP freezes the service with its socket open: the round times out, the reply goes
+    on offline, and after SIGCONT the link reconnects and rounds are verified again."""
+    process, port = start_service(tiny.target)
+    link = ServiceLink(f"ws://127.0.0.1:{port}", hello_for(close_draft), backoff=FAST_BACKOFF,
+                       stall_timeout_s=0.5)
+    marks: list[str] = []
+
+    def on_commit(tokens: list[int], provenance: list[str]) -> None:
+        marks.extend(provenance)
+        if len(marks) >= 20 and "offline" not in marks:
+            process.send_signal(signal.SIGSTOP)
+        elif marks.count("offline") == 10:
+            process.send_signal(signal.SIGCONT)
+            assert wait_for(lambda: link.connected), "the link did not come back"
+
+    try:
+        result = Speculator(close_draft, link, SamplingParams(), k=4).generate(
+            close_draft.tokenize("import numpy"), 80, on_commit)
+    finally:
+        link.close()
+        process.send_signal(signal.SIGCONT)
+        process.kill()
+    assert len(result.token_ids) == 80 and marks.count("offline") >= 10
+    after = marks[len(marks) - 1 - marks[::-1].index("offline") + 1:]
+    assert after and set(after) <= {"draft", "target"}
+
+
 def test_generate_finishes_a_reply_offline_when_the_service_is_killed(tiny, close_draft):
     """`specwire generate`: kill -9 of the service once text streams; the reply is complete,
     the notice is on stderr and the summary counts the unverified tokens."""
