@@ -33,9 +33,15 @@ BACKENDS = ["torch", "llamacpp"]
 
 
 @pytest.fixture(scope="session", params=BACKENDS)
-def target(request):
-    """Each target backend in turn, on the tiny target."""
-    return request.getfixturevalue(f"{request.param}_target")
+def backend_kind(request) -> str:
+    """Each target backend in turn (tests using `target` or `service` run once per backend)."""
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def target(request, backend_kind):
+    """The tiny target on each backend in turn."""
+    return request.getfixturevalue(f"{backend_kind}_target")
 
 
 class RunningService:
@@ -64,11 +70,24 @@ class RunningService:
 
 
 @pytest.fixture(scope="session")
-def service(target):
-    """A service on port 0 for each backend (tests using it run once per backend)."""
-    running = RunningService(target)
-    yield running
-    running.close()
+def service_on(request):
+    """service_on(kind): one service on port 0 per backend, started when first asked for."""
+    running: dict[str, RunningService] = {}
+
+    def get(kind: str) -> RunningService:
+        if kind not in running:
+            running[kind] = RunningService(request.getfixturevalue(f"{kind}_target"))
+        return running[kind]
+
+    yield get
+    for each in running.values():
+        each.close()
+
+
+@pytest.fixture(scope="session")
+def service(backend_kind, service_on) -> RunningService:
+    """The service on each backend in turn."""
+    return service_on(backend_kind)
 
 
 @pytest.fixture(scope="session")
