@@ -33,4 +33,12 @@ if ! .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
     .venv/bin/python -m pip install --quiet --no-cache-dir "llama-cpp-python>=0.3.8"
 fi
 .venv/bin/python -m pip install --quiet -e ".[${extras}]"
+if [[ "${1:-}" == "--dev" ]] && ! command -v tmux >/dev/null; then
+    # The chat app's end-to-end test drives the real terminal program in tmux.
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+        apt-get install -y -qq tmux >/dev/null || { apt-get update -qq && apt-get install -y -qq tmux >/dev/null; }
+    else
+        echo "tmux is not installed: the chat app's tmux test will be skipped (install tmux to run it)" >&2
+    fi
+fi
 echo "specwire installed in $(pwd)/.venv (run .venv/bin/specwire --help)"
