@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install specwire into ./.venv: the client, the verification service (PyTorch and ONNX
 # Runtime backends), the benchmark's plotting, and
-# (with --dev) the test tools. Safe to run again: what is installed is kept.
+# (with --dev) the test tools and tmux. Safe to run again: what is installed is kept.
 #
 #   SPECWIRE_TORCH      the torch requirement (default torch==2.13.0). For a CPU-only build
 #                       elsewhere: SPECWIRE_TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
