@@ -54,6 +54,10 @@ class GenerationStats:
     bytes_sent: int = 0
     bytes_received: int = 0
     offline: int = 0  # tokens committed unverified while the service was away
+    service_s: float = 0.0  # the service's own time in verify_s (queue, forward, acceptance)
+    last_k: int = 0  # draft length of the latest round
+    last_round_trip_s: float = 0.0  # the latest round's verify_s minus the service's time
+    started_at: float = field(default_factory=time.perf_counter)
 
     @property
     def acceptance_rate(self) -> float:
@@ -65,7 +69,14 @@ class GenerationStats:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.generated / self.wall_s if self.wall_s > 0 else 0.0
+        """Over the whole generation once it ended; so far while it runs."""
+        wall = self.wall_s or (time.perf_counter() - self.started_at)
+        return self.generated / wall if wall > 0 else 0.0
+
+    @property
+    def wire_s(self) -> float:
+        """Time on the network: round trips minus what the service spent on them."""
+        return max(0.0, self.verify_s - self.service_s)
 
     def record_round(self, drafted: int, accepted: int, committed: int) -> None:
         self.rounds += 1
@@ -87,7 +98,7 @@ class GenerationStats:
             "draft_s": round(self.draft_s, 4), "verify_s": round(self.verify_s, 4),
             "wall_s": round(self.wall_s, 4), "tokens_per_s": round(self.tokens_per_s, 2),
             "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
-            "offline": self.offline,
+            "offline": self.offline, "service_s": round(self.service_s, 4), "wire_s": round(self.wire_s, 4),
         }
 
 
@@ -100,11 +111,12 @@ class Generation:
 
 class Speculator:
     def __init__(self, draft: DraftModel, link: ServiceLink | VerifyClient | None,
-                 params: SamplingParams, k: int = 4, seed: int | None = None):
+                 params: SamplingParams, k: int | None = 4, seed: int | None = None):
         self.draft = draft
         self.link = FixedLink(link) if isinstance(link, VerifyClient) else link  # None: offline
         self.params = params
-        self.k = k
+        self.k = k  # draft tokens per round; None: chosen each round (adaptive)
+        self.stats = GenerationStats()  # the generation in progress (or the last one), live
         self.rng = np.random.default_rng(seed)
         self._client: VerifyClient | None = None  # the connection _service_history refers to
         self._service_history: list[int] = []  # what the service holds, as far as we know
@@ -116,7 +128,7 @@ class Speculator:
         """Continue `context` by up to max_tokens tokens (fewer at EOS, a full context or a stop)."""
         history = list(context)
         new: list[int] = []
-        stats = GenerationStats()
+        stats = self.stats = GenerationStats()
         started = time.perf_counter()
         self._use_current_client()  # so that the byte counts start after any handshake
         sent0, received0 = self._byte_counts()
@@ -156,7 +168,8 @@ class Speculator:
         if not self._use_current_client():
             return self._offline_round(history, stats)
 
-        k = max(0, min(self.k, remaining - 1))  # the service always adds one token of its own
+        wanted = self.k if self.k is not None else 4
+        k = max(0, min(wanted, remaining - 1))  # the service always adds one token of its own
         t0 = time.perf_counter()
         draft, dists = self.draft.propose(history, k, self.params, self.rng) if k else ([], [])
         if self.draft.eos_id in draft:  # nothing after an end of text is worth verifying
@@ -171,7 +184,12 @@ class Speculator:
             self.link.lost(str(exc))  # a FixedLink raises here: no link, no fallback
             # The drafts were sampled for the wire (truncated): draw afresh, as offline does.
             return self._offline_round(history, stats)
-        stats.verify_s += time.perf_counter() - t1
+        round_trip = time.perf_counter() - t1
+        stats.verify_s += round_trip
+        service_time = verdict.forward_s + verdict.accept_s
+        stats.service_s += service_time
+        stats.last_k = k
+        stats.last_round_trip_s = max(0.0, round_trip - service_time)
         committed = draft[: verdict.accepted] + [verdict.token]
         self._service_history = history + committed
         stats.record_round(len(draft), verdict.accepted, len(committed))
