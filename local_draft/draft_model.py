@@ -12,7 +12,7 @@ import ctypes
 import logging
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import llama_cpp
 import numpy as np
@@ -90,20 +90,45 @@ class DraftModel:
         return self._llama.input_ids[: self._llama.n_tokens].tolist()
 
     def propose(self, context: Sequence[int], k: int, params: SamplingParams,
-                rng: np.random.Generator, cap: int | None = WIRE_TOP_K_CAP
-                ) -> tuple[list[int], list[SparseDist]]:
+                rng: np.random.Generator, cap: int | None = WIRE_TOP_K_CAP,
+                should_stop: Callable[[], bool] | None = None) -> tuple[list[int], list[SparseDist]]:
         """Draft k tokens after `context`; returns them and (when sampling) their distributions.
 
         Sampling draws from the warped draft distribution truncated to `cap` tokens, and
         returns exactly that distribution, so the service can apply min(1, p/q).
+        `should_stop` is asked before each token: drafting ahead ends when a verdict arrives.
         """
-        if len(context) + k > self.n_ctx:
-            raise DraftModelError(
-                f"context full: {len(context)} tokens + {k} drafted exceeds the draft context of {self.n_ctx}")
+        self._check_room(context, k)
         self._catch_up(context)
+        return self._draft(k, params, rng, cap, should_stop)
+
+    def draft_ahead(self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator,
+                    should_stop: Callable[[], bool]) -> tuple[int, list[int], list[SparseDist]]:
+        """Guess the token after `context` (the draft's argmax), then draft up to k tokens after it.
+
+        Used while a verdict is in flight: the guess stands for the service's bonus token,
+        and the block after it is used only if the guess turns out right. Returns
+        (guess, tokens, dists); fewer than k tokens when `should_stop` ended it early.
+        """
+        self._check_room(context, k + 1)
+        self._catch_up(context)
+        guess = int(np.argmax(self._last_logits()))
+        if k == 0 or guess == self.eos_id or should_stop():
+            return guess, [], []
+        self._llama.eval([guess])
+        tokens, dists = self._draft(k, params, rng, WIRE_TOP_K_CAP, should_stop)
+        return guess, tokens, dists
+
+    def _draft(self, k: int, params: SamplingParams, rng: np.random.Generator, cap: int | None,
+               should_stop: Callable[[], bool] | None) -> tuple[list[int], list[SparseDist]]:
+        """Draft up to k tokens after the cache's last position; the last one is not evaluated."""
         tokens: list[int] = []
         dists: list[SparseDist] = []
         for i in range(k):
+            if i and should_stop is not None and should_stop():
+                break
+            if i:
+                self._llama.eval([tokens[-1]])
             logits = self._last_logits()
             if params.greedy:
                 token = int(np.argmax(logits))
@@ -113,9 +138,12 @@ class DraftModel:
                 token = sample(dist, rng)
                 dists.append(dist)
             tokens.append(token)
-            if i + 1 < k:
-                self._llama.eval([token])
         return tokens, dists
+
+    def _check_room(self, context: Sequence[int], k: int) -> None:
+        if len(context) + k > self.n_ctx:
+            raise DraftModelError(
+                f"context full: {len(context)} tokens + {k} drafted exceeds the draft context of {self.n_ctx}")
 
     def rollback(self, n_keep: int) -> None:
         """Forget every cached position from n_keep on (the next eval overwrites them)."""

@@ -5,6 +5,12 @@ the two could differ (a reply cut at EOS, a new turn, an error) the client sends
 Every committed token is reported with its provenance: "draft" (a draft token the target
 accepted), "target" (the target's correction or bonus) or "offline" (unverified).
 
+k is fixed, or chosen each round by `AdaptiveK` (k=None) from measured acceptance and
+costs. With `pipeline=True` the loop drafts ahead while a verdict is in flight: it guesses
+the bonus token (the draft's own argmax) and drafts the next block after it; the block is
+used only if the verdict accepted the whole current block and its token is the guess, so
+the committed text is the same as without drafting ahead.
+
 When the service is lost mid-reply the loop goes on offline, one draft token a round,
 while the ServiceLink reconnects; the first round on a new connection rebuilds the
 service's copy from the client's history, and verification resumes.
@@ -13,15 +19,19 @@ service's copy from the client's history, and verification resumes.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
+from local_draft.adaptive_k import AdaptiveK, RoundTiming
 from local_draft.draft_model import DraftModel, DraftModelError
+from local_draft.generation_stats import Generation, GenerationStats
 from local_draft.service_link import ServiceLink
 from local_draft.verify_client import ServiceUnreachable, VerifyClient, VerifyError
-from remote_verify.protocol import SamplingParams, Sync, Verify
+from remote_verify.protocol import SamplingParams, SparseDist, Sync, Verdict, Verify
+
+__all__ = ["Generation", "GenerationStats", "Speculator"]
 
 OnCommit = Callable[[list[int], list[str]], None]  # (tokens, provenance of each)
 ShouldStop = Callable[[], bool]
@@ -41,87 +51,31 @@ class FixedLink:
 
 
 @dataclass
-class GenerationStats:
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    generated: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)  # rounds accepting position i
-    drafted_per_position: list[int] = field(default_factory=list)  # rounds drafting position i
-    draft_s: float = 0.0
-    verify_s: float = 0.0  # round trips, service time included
-    wall_s: float = 0.0
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    offline: int = 0  # tokens committed unverified while the service was away
-    service_s: float = 0.0  # the service's own time in verify_s (queue, forward, acceptance)
-    last_k: int = 0  # draft length of the latest round
-    last_round_trip_s: float = 0.0  # the latest round's verify_s minus the service's time
-    started_at: float = field(default_factory=time.perf_counter)
+class DraftedAhead:
+    """A block drafted while a verdict was in flight: good if `context` is what got committed."""
 
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def tokens_per_round(self) -> float:
-        return self.generated / self.rounds if self.rounds else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Over the whole generation once it ended; so far while it runs."""
-        wall = self.wall_s or (time.perf_counter() - self.started_at)
-        return self.generated / wall if wall > 0 else 0.0
-
-    @property
-    def wire_s(self) -> float:
-        """Time on the network: round trips minus what the service spent on them."""
-        return max(0.0, self.verify_s - self.service_s)
-
-    def record_round(self, drafted: int, accepted: int, committed: int) -> None:
-        self.rounds += 1
-        self.drafted += drafted
-        self.accepted += accepted
-        self.generated += committed
-        for counts, n in ((self.drafted_per_position, drafted), (self.accepted_per_position, accepted)):
-            counts.extend([0] * (n - len(counts)))
-            for i in range(n):
-                counts[i] += 1
-
-    def as_dict(self) -> dict:
-        return {
-            "rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
-            "generated": self.generated, "acceptance_rate": round(self.acceptance_rate, 4),
-            "tokens_per_round": round(self.tokens_per_round, 4),
-            "accepted_per_position": self.accepted_per_position,
-            "drafted_per_position": self.drafted_per_position,
-            "draft_s": round(self.draft_s, 4), "verify_s": round(self.verify_s, 4),
-            "wall_s": round(self.wall_s, 4), "tokens_per_s": round(self.tokens_per_s, 2),
-            "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
-            "offline": self.offline, "service_s": round(self.service_s, 4), "wire_s": round(self.wire_s, 4),
-        }
-
-
-@dataclass
-class Generation:
-    token_ids: list[int]
-    stop_reason: str  # "eos", "max_tokens", "context" or "stopped"
-    stats: GenerationStats
+    context: list[int]  # history + current block + guessed bonus token
+    tokens: list[int]
+    dists: list[SparseDist]
 
 
 class Speculator:
     def __init__(self, draft: DraftModel, link: ServiceLink | VerifyClient | None,
-                 params: SamplingParams, k: int | None = 4, seed: int | None = None):
+                 params: SamplingParams, k: int | None = 4, seed: int | None = None,
+                 pipeline: bool = False, max_k: int = 16):
         self.draft = draft
         self.link = FixedLink(link) if isinstance(link, VerifyClient) else link  # None: offline
         self.params = params
         self.k = k  # draft tokens per round; None: chosen each round (adaptive)
+        self.pipeline = pipeline
+        self.controller = AdaptiveK(max_k=max_k, pipelined=pipeline)  # learns even when k is fixed
         self.stats = GenerationStats()  # the generation in progress (or the last one), live
         self.rng = np.random.default_rng(seed)
         self._client: VerifyClient | None = None  # the connection _service_history refers to
         self._service_history: list[int] = []  # what the service holds, as far as we know
         self._seq = 0
         self._bytes_before_client = (0, 0)  # byte counts of connections since replaced
+        self._ahead: DraftedAhead | None = None
 
     def generate(self, context: Sequence[int], max_tokens: int, on_commit: OnCommit | None = None,
                  should_stop: ShouldStop | None = None) -> Generation:
@@ -129,7 +83,6 @@ class Speculator:
         history = list(context)
         new: list[int] = []
         stats = self.stats = GenerationStats()
-        started = time.perf_counter()
         self._use_current_client()  # so that the byte counts start after any handshake
         sent0, received0 = self._byte_counts()
         stop_reason = "max_tokens"
@@ -157,43 +110,81 @@ class Speculator:
                 on_commit(committed, provenance)
             if stop_reason == "eos":
                 break
-        stats.wall_s = time.perf_counter() - started
+        stats.wall_s = time.perf_counter() - stats.started_at
         sent1, received1 = self._byte_counts()
         stats.bytes_sent, stats.bytes_received = sent1 - sent0, received1 - received0
         return Generation(new, stop_reason, stats)
 
     def _round(self, history: list[int], remaining: int,
                stats: GenerationStats) -> tuple[list[int], list[str]]:
-        """One round; returns the committed tokens and the provenance of each."""
+        """One verified round (or an offline step); returns the committed tokens and their provenance."""
         if not self._use_current_client():
+            self._ahead = None
             return self._offline_round(history, stats)
-
-        wanted = self.k if self.k is not None else 4
-        k = max(0, min(wanted, remaining - 1))  # the service always adds one token of its own
+        k = self.controller.choose(remaining) if self.k is None else max(0, min(self.k, remaining - 1))
         t0 = time.perf_counter()
-        draft, dists = self.draft.propose(history, k, self.params, self.rng) if k else ([], [])
-        if self.draft.eos_id in draft:  # nothing after an end of text is worth verifying
-            cut = draft.index(self.draft.eos_id) + 1
-            draft, dists = draft[:cut], dists[:cut]
-        t1 = time.perf_counter()
-        stats.draft_s += t1 - t0
+        draft, dists, drafted_now = self._draft_block(history, k, stats)
+        draft_s = time.perf_counter() - t0
+        stats.draft_s += draft_s
         try:
-            verdict = self._verify(history, draft, dists)
+            request = self._request(history, draft, dists)
+            sent = time.perf_counter()
+            self._client.send_verify(request)
+            ahead_room = min(k, remaining - len(draft) - 2)  # the next round's block, if all goes well
+            if self.pipeline and ahead_room > 0 and draft and self.draft.eos_id not in draft:
+                self._draft_ahead(history + draft, ahead_room, stats)
+            verdict = self._receive_verdict(history, draft, dists)
+            round_trip = time.perf_counter() - sent
         except ServiceUnreachable as exc:
             self._forget_client()
             self.link.lost(str(exc))  # a FixedLink raises here: no link, no fallback
             # The drafts were sampled for the wire (truncated): draw afresh, as offline does.
             return self._offline_round(history, stats)
-        round_trip = time.perf_counter() - t1
-        stats.verify_s += round_trip
-        service_time = verdict.forward_s + verdict.accept_s
-        stats.service_s += service_time
-        stats.last_k = k
-        stats.last_round_trip_s = max(0.0, round_trip - service_time)
         committed = draft[: verdict.accepted] + [verdict.token]
         self._service_history = history + committed
-        stats.record_round(len(draft), verdict.accepted, len(committed))
+        self._keep_ahead_if_right(history + committed)
+        self._account(stats, verdict, round_trip, k=len(draft), draft_s=draft_s,
+                      drafted_now=drafted_now, fed=len(request.append) + len(draft) + 1)
         return committed, ["draft"] * verdict.accepted + ["target"]
+
+    # ---- drafting ---------------------------------------------------------------------
+
+    def _draft_block(self, history: list[int], k: int,
+                     stats: GenerationStats) -> tuple[list[int], list[SparseDist], int]:
+        """k draft tokens after history, starting from a block drafted ahead when it fits.
+
+        Returns the tokens, their distributions and how many were drafted just now.
+        """
+        ahead, self._ahead = self._ahead, None
+        if k == 0:
+            return [], [], 0
+        tokens, dists = [], []
+        if ahead is not None and ahead.context == history:
+            tokens, dists = ahead.tokens[:k], ahead.dists[:k]
+            stats.ahead_used += len(tokens)
+        more, more_dists = [], []
+        if len(tokens) < k:
+            more, more_dists = self.draft.propose(history + tokens, k - len(tokens), self.params, self.rng)
+        tokens, dists = tokens + more, dists + more_dists
+        if self.draft.eos_id in tokens:  # nothing after an end of text is worth verifying
+            cut = tokens.index(self.draft.eos_id) + 1
+            tokens, dists = tokens[:cut], dists[:cut]
+        return tokens, dists, len(more)
+
+    def _draft_ahead(self, context: list[int], k: int, stats: GenerationStats) -> None:
+        """While the verdict is in flight: guess the bonus token and draft the block after it."""
+        started = time.perf_counter()
+        guess, tokens, dists = self.draft.draft_ahead(context, k, self.params, self.rng,
+                                                      should_stop=self._client.reply_ready)
+        stats.ahead_s += time.perf_counter() - started
+        stats.ahead_drafted += len(tokens)
+        self._ahead = DraftedAhead(context + [guess], tokens, dists) if tokens else None
+
+    def _keep_ahead_if_right(self, committed_history: list[int]) -> None:
+        # The block drafted ahead continues history + block + guess; it is right only if the
+        # verdict accepted the whole block and its own token is the guess.
+        if self._ahead is not None and self._ahead.context != committed_history:
+            self._ahead = None
 
     def _offline_round(self, history: list[int], stats: GenerationStats) -> tuple[list[int], list[str]]:
         """The draft model alone, one token from its full distribution: unverified."""
@@ -203,6 +194,52 @@ class Speculator:
         stats.record_round(0, 0, 1)
         stats.offline += 1
         return tokens, ["offline"]
+
+    # ---- the wire ---------------------------------------------------------------------
+
+    def _request(self, history: list[int], draft: list[int], dists: list[SparseDist]) -> Verify:
+        """The Verify for this round, after a Sync if the service's copy may differ from ours."""
+        known = self._service_history
+        if known != history[: len(known)]:
+            self._sync(history)
+            known = self._service_history
+        self._seq += 1
+        return Verify(seq=self._seq, committed_len=len(known), append=history[len(known):],
+                      draft=draft, draft_dists=dists)
+
+    def _receive_verdict(self, history: list[int], draft: list[int], dists: list[SparseDist]) -> Verdict:
+        try:
+            return self._client.receive_verdict()
+        except VerifyError as exc:
+            if exc.fatal or exc.code not in ("stale_state", "bad_seq"):
+                raise
+        self._sync(history)  # the service lost track of us: rebuild its copy, retry once
+        self._seq += 1
+        return self._client.verify(Verify(seq=self._seq, committed_len=len(history), draft=draft,
+                                         draft_dists=dists))
+
+    def _sync(self, history: list[int]) -> None:
+        self._seq += 1
+        self._client.sync(Sync(seq=self._seq, tokens=list(history)))
+        self._service_history = list(history)
+        self.stats.syncs += 1
+
+    def _account(self, stats: GenerationStats, verdict: Verdict, round_trip: float, k: int,
+                 draft_s: float, drafted_now: int, fed: int) -> None:
+        queue_s = getattr(verdict, "queue_s", 0.0)
+        service_s = queue_s + verdict.forward_s + verdict.accept_s
+        stats.verify_s += round_trip
+        stats.service_s += service_s
+        stats.queue_s += queue_s
+        stats.forward_s += verdict.forward_s
+        stats.last_k = k
+        stats.last_round_trip_s = max(0.0, round_trip - service_s)
+        stats.record_round(k, verdict.accepted, verdict.accepted + 1)
+        self.controller.observe(RoundTiming(
+            k=k, accepted=verdict.accepted, draft_s=draft_s, draft_tokens=drafted_now, fed_tokens=fed,
+            service_s=service_s, wire_s=stats.last_round_trip_s))
+
+    # ---- the connection ---------------------------------------------------------------
 
     def _use_current_client(self) -> bool:
         """Follow the link to its live connection; a new one starts with an empty session."""
@@ -219,29 +256,6 @@ class Speculator:
         self._client = None
         self._service_history = []
         self._seq = 0
-
-    def _verify(self, history: list[int], draft: list[int], dists):
-        known = self._service_history
-        if known != history[: len(known)]:
-            self._sync(history)
-            known = self._service_history
-        self._seq += 1
-        request = Verify(seq=self._seq, committed_len=len(known), append=history[len(known):],
-                         draft=draft, draft_dists=dists)
-        try:
-            return self._client.verify(request)
-        except VerifyError as exc:
-            if exc.fatal or exc.code not in ("stale_state", "bad_seq"):
-                raise
-        self._sync(history)  # the service lost track of us: rebuild its copy, retry once
-        self._seq += 1
-        return self._client.verify(Verify(seq=self._seq, committed_len=len(history), draft=draft,
-                                         draft_dists=dists))
-
-    def _sync(self, history: list[int]) -> None:
-        self._seq += 1
-        self._client.sync(Sync(seq=self._seq, tokens=list(history)))
-        self._service_history = list(history)
 
     def _byte_counts(self) -> tuple[int, int]:
         sent, received = self._bytes_before_client

@@ -1,7 +1,9 @@
 """The client end of the wire: a blocking WebSocket connection to a verification service.
 
 Blocking on purpose: the speculation loop alternates draft and verify on one thread,
-and a synchronous socket keeps that loop a plain loop. Byte counts are payload bytes.
+and a synchronous socket keeps that loop a plain loop. A round can also be split in two
+(`send_verify`, then `receive_verdict`) so that the loop drafts ahead while the verdict is
+in flight; websockets reads frames on its own thread meanwhile. Byte counts are payload bytes.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import ssl
+import time
 
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidHandshake
 from websockets.sync.client import ClientConnection, connect
@@ -65,6 +68,9 @@ class VerifyClient:
         self.stall_timeout_s = stall_timeout_s
         self.bytes_sent = 0
         self.bytes_received = 0
+        self._early_reply: bytes | None = None  # a reply read by reply_ready(), not yet consumed
+        self._reply_timeout = stall_timeout_s
+        self._sent_at = 0.0
         headers = {"Authorization": f"Bearer {token}"} if token else None
         self._exit = contextlib.ExitStack()  # websockets wants connect() used as a context
         try:
@@ -83,7 +89,26 @@ class VerifyClient:
         self.welcome = self._request(hello, Welcome)
 
     def verify(self, request: Verify) -> Verdict:
-        return self._request(request, Verdict, len(request.append) + len(request.draft))
+        self.send_verify(request)
+        return self.receive_verdict()
+
+    def send_verify(self, request: Verify) -> None:
+        """Send a round without waiting: the caller may draft ahead, then receive_verdict()."""
+        self._send(request, len(request.append) + len(request.draft))
+
+    def reply_ready(self) -> bool:
+        """Whether the answer to the request in flight has arrived (never blocks)."""
+        if self._early_reply is None:
+            try:
+                self._early_reply = self._ws.recv(timeout=0)
+            except TimeoutError:
+                return False
+            except (ConnectionClosed, OSError):
+                return True  # receive_verdict() reports the loss
+        return True
+
+    def receive_verdict(self) -> Verdict:
+        return self._receive(Verdict)
 
     def sync(self, request: Sync) -> Synced:
         return self._request(request, Synced, len(request.tokens))
@@ -92,19 +117,33 @@ class VerifyClient:
         self._exit.close()
 
     def _request(self, message, expected: type, new_tokens: int = 0):
+        self._send(message, new_tokens)
+        return self._receive(expected)
+
+    def _send(self, message, new_tokens: int) -> None:
         frame = encode(message)
         # A stalled link looks like a slow service: allow the service time for the tokens it
         # must run (a long prompt on a CPU takes seconds), then call the link stalled.
-        timeout = self.stall_timeout_s + SECONDS_PER_NEW_TOKEN * new_tokens
+        self._reply_timeout = self.stall_timeout_s + SECONDS_PER_NEW_TOKEN * new_tokens
+        self._sent_at = time.monotonic()
         try:
             self._ws.send(frame)
-            reply_frame = self._ws.recv(timeout=timeout)
-        except TimeoutError as exc:
-            raise ServiceUnreachable(f"the verification service at {self.url} did not answer "
-                                     f"within {timeout:.0f} s") from exc
         except (ConnectionClosed, OSError) as exc:
             raise ServiceUnreachable(f"lost the verification service at {self.url}: {exc}") from exc
         self.bytes_sent += len(frame)
+
+    def _receive(self, expected: type):
+        reply_frame, self._early_reply = self._early_reply, None
+        if reply_frame is None:
+            # the deadline counts from the send: time spent drafting ahead is not extra slack
+            remaining = self._reply_timeout - (time.monotonic() - self._sent_at)
+            try:
+                reply_frame = self._ws.recv(timeout=max(remaining, 0.0))
+            except TimeoutError as exc:
+                raise ServiceUnreachable(f"the verification service at {self.url} did not answer "
+                                         f"within {self._reply_timeout:.0f} s") from exc
+            except (ConnectionClosed, OSError) as exc:
+                raise ServiceUnreachable(f"lost the verification service at {self.url}: {exc}") from exc
         self.bytes_received += len(reply_frame)
         reply = decode_server_message(reply_frame)
         if isinstance(reply, Error):

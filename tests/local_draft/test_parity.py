@@ -29,23 +29,31 @@ def reference(service, close_draft):
     return outputs
 
 
+# (k, drafting ahead): fixed k, adaptive k (None), and drafting ahead while verdicts fly
+LOOPS = [(1, False), (3, False), (8, False), (None, False), (4, True), (None, True)]
+
+
 @pytest.mark.parametrize("drafter", ["close_draft", "far_draft"])
-@pytest.mark.parametrize("k", [1, 3, 8])
-def test_greedy_speculation_is_token_identical_to_the_target(request, service, reference, drafter, k):
-    """Every prompt, both drafters, k in {1, 3, 8}: same tokens as k = 0."""
+@pytest.mark.parametrize("k, pipeline", LOOPS, ids=["k1", "k3", "k8", "auto", "k4-ahead", "auto-ahead"])
+def test_greedy_speculation_is_token_identical_to_the_target(request, service, reference, drafter, k, pipeline):
+    """Every prompt, both drafters, fixed and adaptive k, with and without drafting ahead: same tokens as k = 0."""
     draft = request.getfixturevalue(drafter)
     client = VerifyClient(service.url, hello_for(draft))  # one session: later prompts Sync
-    speculator = Speculator(draft, client, SamplingParams(), k=k)
-    accepted = drafted = 0
+    speculator = Speculator(draft, client, SamplingParams(), k=k, pipeline=pipeline)
+    accepted = drafted = ahead_used = 0
     for prompt in PROMPTS:
         result = speculator.generate(draft.tokenize(prompt), MAX_TOKENS)
         assert result.token_ids == reference[prompt], f"diverged on {prompt!r}"
         accepted += result.stats.accepted
         drafted += result.stats.drafted
+        ahead_used += result.stats.ahead_used
     client.close()
+    if k is None:  # adaptive k may stop drafting altogether where it does not pay
+        return
     rate = accepted / drafted
     if drafter == "close_draft":
         assert rate > 0.6, f"close drafter accepted only {rate:.2f}"
+        assert not pipeline or ahead_used > 0.2 * drafted, "blocks drafted ahead were never used"
     else:
         assert rate < 0.2, f"far drafter accepted {rate:.2f}"
 

@@ -1,15 +1,18 @@
 """Sampling through the real protocol is distributed exactly as the target alone.
 
 The reference is exact, not sampled: the target's warped distributions for the first two
-tokens, computed from its logits. Speculative samples of those two tokens must fit it by a
+(or three) tokens, computed from its logits. Speculative samples of those tokens must fit it by a
 chi-square test (tests/statistics.py sets the sample size and threshold; the power to catch
 a 1% shift is measured in tests/remote_verify/test_acceptance.py), for a drafter that is
 nearly always rejected (residual resampling) and one that is mostly accepted (acceptance at
-two positions, corrections and bonus tokens), with and without top-k/top-p.
+two positions, corrections and bonus tokens), with and without top-k/top-p, and with the
+loop drafting ahead while verdicts are in flight (the third token then usually comes from a
+block drafted before the first verdict arrived).
 
 Each case costs 30,000 generations (minutes on two cores), so the cases are spread over
 the backends: every backend runs the close drafter, which takes every path of the
-acceptance rule; the far drafter runs on torch, the reference backend. The acceptance rule
+acceptance rule (on llama.cpp, drafting ahead as well); the far drafter runs on torch, the
+reference backend. The acceptance rule
 is the same code on every backend; what a backend adds (its logits, its cache rollback) is
 also checked token by token by the parity tests and against recomputation by the session
 tests.
@@ -24,51 +27,71 @@ from local_draft.speculator import Speculator
 from local_draft.verify_client import VerifyClient
 from remote_verify.protocol import SamplingParams
 from remote_verify.sampling import warp
-from tests.conftest import BACKENDS, hello_for
+from tests.conftest import hello_for
 from tests.statistics import ALPHA, SAMPLES, chi_square_pvalue
 
 PROMPT_TEXT = "The"
 
 
-def _exact_first_two(backend, prompt: list[int], params: SamplingParams) -> np.ndarray:
-    """Joint target distribution (V*V,) of the first two generated tokens."""
-    vocab = backend.vocab_size
-    p0 = warp(backend.forward(backend.new_cache(), prompt, n_logits=1)[0], params)
-    joint = np.zeros((vocab, vocab))
-    for first in np.flatnonzero(p0):
-        logits = backend.forward(backend.new_cache(), prompt + [int(first)], n_logits=1)[0]
-        joint[first] = p0[first] * warp(logits, params)
-    return joint.ravel()
+def _exact_first(backend, prompt: list[int], params: SamplingParams, n: int) -> dict[tuple, float]:
+    """Joint target distribution of the first n generated tokens: {(t1, .., tn): probability}.
+
+    A generation ends at EOS, so a prefix ending in EOS keeps its mass unextended.
+    """
+    joint = {(): 1.0}
+    for _ in range(n):
+        longer = {}
+        for prefix, mass in joint.items():
+            if prefix and prefix[-1] == backend.eos_id:
+                longer[prefix] = mass
+                continue
+            probs = warp(backend.forward(backend.new_cache(), prompt + list(prefix), n_logits=1)[0], params)
+            for token in np.flatnonzero(probs):
+                longer[prefix + (int(token),)] = mass * probs[token]
+        joint = longer
+    return joint
 
 
 # nearly every draft rejected: residual resampling, then a target-only round
-FAR_PLAIN = ("far_draft", SamplingParams(temperature=1.0), 1, 2)
+FAR_PLAIN = ("far_draft", SamplingParams(temperature=1.0), 1, 2, False)  # k, tokens tested, ahead
 # mostly accepted: acceptance at two positions, corrections and bonus tokens
-CLOSE_TOPK_TOPP = ("close_draft", SamplingParams(temperature=1.0, top_k=8, top_p=0.9), 3, 4)
-CASES = [pytest.param("torch", *FAR_PLAIN, id="torch-far-plain")] + [
-    pytest.param(kind, *CLOSE_TOPK_TOPP, id=f"{kind}-close-topk-topp") for kind in BACKENDS]
+CLOSE_TOPK_TOPP = ("close_draft", SamplingParams(temperature=1.0, top_k=8, top_p=0.9), 3, 2, False)
+# the same, drafting ahead: tokens 1-2 are drafted, 3 is the service's, and 4 usually comes
+# from a block drafted while the first verdict was in flight
+CLOSE_AHEAD = ("close_draft", SamplingParams(temperature=1.0, top_k=8, top_p=0.9), 2, 4, True)
+CASES = [
+    pytest.param("torch", *FAR_PLAIN, id="torch-far-plain"),
+    pytest.param("torch", *CLOSE_TOPK_TOPP, id="torch-close-topk-topp"),
+    pytest.param("llamacpp", *CLOSE_AHEAD, id="llamacpp-close-topk-topp-ahead"),
+]
 
 
-@pytest.mark.parametrize("kind, drafter, params, k, max_tokens", CASES)
+@pytest.mark.parametrize("kind, drafter, params, k, n_tokens, pipeline", CASES)
 def test_speculative_samples_follow_the_target_distribution(request, service_on, kind, drafter, params,
-                                                            k, max_tokens):
-    """The first two tokens of SAMPLES speculative generations fit the target's exact distribution."""
+                                                            k, n_tokens, pipeline):
+    """The first tokens of SAMPLES speculative generations fit the target's exact joint distribution."""
     service = service_on(kind)
     draft = request.getfixturevalue(drafter)
     prompt = draft.tokenize(PROMPT_TEXT)
     backend = service.backend
-    exact = _exact_first_two(backend, prompt, params)
+    joint = _exact_first(backend, prompt, params, n_tokens)
+    cells = {tokens: i for i, tokens in enumerate(joint)}  # one more cell: outside the support
+    exact = np.append(np.array(list(joint.values())), 0.0)
     client = VerifyClient(service.url, hello_for(draft, params, seed=1234))
-    speculator = Speculator(draft, client, params, k=k, seed=99)
+    speculator = Speculator(draft, client, params, k=k, seed=99, pipeline=pipeline)
     counts = np.zeros_like(exact, dtype=np.int64)
-    accepted = drafted = 0
+    accepted = drafted = ahead_used = 0
+    # one more token than tested, so that a round drafted ahead decides the last tested one
+    max_tokens = n_tokens + 1 if pipeline else k + 1
     for _ in range(SAMPLES):
         result = speculator.generate(prompt, max_tokens)
-        first, second = result.token_ids[:2]
-        counts[first * backend.vocab_size + second] += 1
+        counts[cells.get(tuple(result.token_ids[:n_tokens]), len(joint))] += 1
         accepted += result.stats.accepted
         drafted += result.stats.drafted
+        ahead_used += result.stats.ahead_used
     client.close()
     assert chi_square_pvalue(counts, exact) > ALPHA
     rate = accepted / drafted  # the paths this case is meant to exercise were taken
     assert rate < 0.05 if drafter == "far_draft" else 0.3 < rate < 0.95, rate
+    if pipeline:
+        assert ahead_used > 0.3 * SAMPLES, ahead_used  # usually, token 4 was drafted ahead

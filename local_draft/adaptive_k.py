@@ -1,0 +1,150 @@
+"""Adaptive draft length: pick k each round to maximise the expected tokens per second.
+
+A round that drafts k tokens commits, on average (alpha: the chance that a draft token is
+accepted once the ones before it were),
+    tokens(k) = 1 + alpha + alpha^2 + ... + alpha^k
+and costs
+    time(k)   = draft(k) + wire + verify(k)
+    draft(k)  = draft_token_s * k                    (nothing at k = 0)
+    verify(k) = verify_base_s + verify_token_s * (k + 1)
+When drafting ahead (pipelining), the next block is drafted while the verdict is in flight
+and kept when the whole block and the guessed bonus token are right (chance ~ alpha^(k+1)),
+so that much of draft(k) hides behind wire + verify(k).
+
+Every quantity is measured as rounds go by, with exponential forgetting so that the
+controller follows a reply from code into prose. k = 0 (no drafting: the service makes
+every token) is chosen when speculation does not pay; from there a small probe now and then
+keeps the acceptance estimate alive, but only when an optimistic acceptance would make
+drafting pay at all. The speculation loop stays exact whatever k this picks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MEMORY = 0.8  # weight of the past per round: ~5 rounds, so a switch from code to prose shows fast
+PRIOR_ALPHA = 0.7  # before any round: a same-family pair on ordinary text
+PRIOR_WEIGHT = 2.0  # worth two tested tokens
+START_K = 4  # until draft and verify costs have been measured
+PROBE_EVERY = 16  # rounds at k = 0 between two probes
+PROBE_K = 2  # a probe is small: at worst it costs about one target step
+OPTIMISM = 0.2  # a probe is worth it if alpha + OPTIMISM would make drafting pay
+EXPLORE_EVERY = 8  # every 8th drafting round tries k + 2, so verify(k) is seen at two sizes
+MAX_FIT_TOKENS = 48  # verify timings of blocks up to this size fit the cost line (not prompts)
+
+
+class _Decayed:
+    """An exponentially forgetting mean."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.weight = 0.0
+
+    def add(self, value: float, weight: float = 1.0) -> None:
+        self.total = self.total * MEMORY + value * weight
+        self.weight = self.weight * MEMORY + weight
+
+    @property
+    def value(self) -> float | None:
+        return self.total / self.weight if self.weight > 1e-9 else None
+
+
+class _CostLine:
+    """verify(n) = base + per_token * n, fitted to recent rounds (n: tokens fed to the target)."""
+
+    def __init__(self) -> None:
+        self.sums = [0.0] * 5  # decayed w, w*n, w*n^2, w*t, w*n*t
+
+    def add(self, n: int, seconds: float) -> None:
+        self.sums = [s * MEMORY for s in self.sums]
+        for i, term in enumerate((1.0, n, n * n, seconds, n * seconds)):
+            self.sums[i] += term
+
+    def predict(self, n: int) -> float | None:
+        w, wn, wnn, wt, wnt = self.sums
+        if w < 1e-9:
+            return None
+        spread = w * wnn - wn * wn
+        if spread < 1e-6 * max(w * wnn, 1e-12):  # one block size seen so far: no slope yet
+            return wt / w
+        slope = max(0.0, (w * wnt - wn * wt) / spread)  # a longer block never costs less
+        mean_n, mean_t = wn / w, wt / w
+        return max(0.0, mean_t + slope * (n - mean_n))
+
+
+@dataclass(frozen=True)
+class RoundTiming:
+    """What one verified round cost, as the speculation loop measured it."""
+
+    k: int  # draft tokens sent
+    accepted: int
+    draft_s: float  # drafting on the critical path (drafting ahead excluded)
+    draft_tokens: int  # tokens the drafter evaluated for that time
+    fed_tokens: int  # tokens the target ran (history catch-up + draft)
+    service_s: float  # the service's own time: queue, forward, acceptance
+    wire_s: float  # the round trip minus the service's time
+
+
+class AdaptiveK:
+    def __init__(self, max_k: int = 16, pipelined: bool = False):
+        self.max_k = max_k
+        self.pipelined = pipelined
+        self._accepted = _Decayed()
+        self._accepted.add(PRIOR_ALPHA, PRIOR_WEIGHT)
+        self._draft_token_s = _Decayed()
+        self._wire_s = _Decayed()
+        self._verify = _CostLine()
+        self._rounds_at_zero = 0
+        self._rounds_drafting = 0
+        self.last_choice = START_K
+
+    @property
+    def alpha(self) -> float:
+        return min(self._accepted.value or PRIOR_ALPHA, 0.995)
+
+    def choose(self, remaining: int) -> int:
+        """k for the next round, given that at most `remaining` tokens are still wanted."""
+        cap = max(0, min(self.max_k, remaining - 1))  # the service adds one token of its own
+        if self._draft_token_s.value is None or self._verify.predict(1) is None:
+            choice = min(START_K, cap)
+        else:
+            choice = self.best_k(self.alpha, cap)
+            if choice == 0:
+                self._rounds_at_zero += 1
+                if (self._rounds_at_zero % PROBE_EVERY == 0 and cap > 0
+                        and self.best_k(min(self.alpha + OPTIMISM, 0.995), cap) > 0):
+                    choice = min(PROBE_K, cap)
+            else:
+                self._rounds_at_zero = 0
+                self._rounds_drafting += 1
+                if self._rounds_drafting % EXPLORE_EVERY == 0:
+                    choice = min(choice + 2, cap)
+        self.last_choice = choice
+        return choice
+
+    def best_k(self, alpha: float, cap: int) -> int:
+        rates = [self.expected_rate(k, alpha) for k in range(cap + 1)]
+        return max(range(cap + 1), key=lambda k: rates[k])
+
+    def expected_rate(self, k: int, alpha: float) -> float:
+        """Expected tokens per second of a round drafting k tokens."""
+        tokens = sum(alpha ** i for i in range(k + 1))
+        draft = (self._draft_token_s.value or 0.0) * k
+        verify = self._verify.predict(k + 1) or 0.0
+        wire = self._wire_s.value or 0.0
+        hidden = 0.0
+        if self.pipelined and k > 0:
+            # the block drafted ahead is kept when all k and the guessed bonus are right
+            hidden = alpha ** (k + 1) * min(draft, wire + verify)
+        return tokens / max(draft - hidden + wire + verify, 1e-6)
+
+    def observe(self, timing: RoundTiming) -> None:
+        if timing.k > 0:
+            # tested positions: every accepted one, plus the first rejected one if any
+            tested = timing.accepted + (1 if timing.accepted < timing.k else 0)
+            self._accepted.add(timing.accepted / tested, tested)
+        if timing.draft_tokens > 0:
+            self._draft_token_s.add(timing.draft_s / timing.draft_tokens)
+        if timing.fed_tokens <= MAX_FIT_TOKENS:
+            self._verify.add(timing.fed_tokens, timing.service_s)
+        self._wire_s.add(timing.wire_s)

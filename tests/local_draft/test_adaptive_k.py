@@ -1,0 +1,90 @@
+"""The adaptive-k controller on simulated rounds: no models, no sockets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from local_draft.adaptive_k import PROBE_EVERY, PROBE_K, START_K, AdaptiveK, RoundTiming
+
+
+def simulate(controller: AdaptiveK, alpha: float, draft_token_s: float, step_s: float,
+             verify_token_s: float, wire_s: float, rounds: int = 200, seed: int = 0) -> list[int]:
+    """Run `rounds` rounds against a simulated pair; returns the k chosen each round.
+
+    Acceptance is geometric with `alpha`; verify(k) = step_s + verify_token_s * k.
+    """
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for _ in range(rounds):
+        k = controller.choose(remaining=1000)
+        accepted = 0
+        while accepted < k and rng.random() < alpha:
+            accepted += 1
+        controller.observe(RoundTiming(
+            k=k, accepted=accepted, draft_s=draft_token_s * k, draft_tokens=k, fed_tokens=k + 1,
+            service_s=step_s + verify_token_s * k, wire_s=wire_s))
+        chosen.append(k)
+    return chosen
+
+
+def best_fixed_k(alpha, draft_token_s, step_s, verify_token_s, wire_s, max_k=16) -> int:
+    def rate(k):
+        tokens = (1 - alpha ** (k + 1)) / (1 - alpha)
+        return tokens / (draft_token_s * k + wire_s + step_s + verify_token_s * k)
+    return max(range(max_k + 1), key=rate)
+
+
+def test_first_rounds_use_the_starting_k_until_costs_are_measured():
+    """Before anything is measured the controller drafts START_K (capped by what is left)."""
+    controller = AdaptiveK()
+    assert controller.choose(remaining=100) == START_K
+    assert controller.choose(remaining=3) == 2  # the service adds one token of its own
+
+
+@pytest.mark.parametrize("alpha, wire_s", [(0.95, 0.1), (0.9, 0.02), (0.5, 0.1), (0.3, 0.0)])
+def test_settles_on_the_best_fixed_k(alpha, wire_s):
+    """Drafting costs like this CPU's pair (36 ms/token; verify 67 ms + 20 ms/token):
+    after a warm-up the controller picks the best fixed k (or a neighbour as good)."""
+    costs = dict(draft_token_s=0.036, step_s=0.067, verify_token_s=0.02, wire_s=wire_s)
+    chosen = simulate(AdaptiveK(), alpha, **costs)
+    best = best_fixed_k(alpha, **costs)
+    settled = np.median(chosen[100:])
+    assert abs(settled - best) <= 2, (best, chosen[100:])
+
+
+def test_stops_drafting_where_verifying_costs_as_much_as_decoding():
+    """Zero round trip and costly verification (this CPU at 0 ms): k goes to 0."""
+    chosen = simulate(AdaptiveK(), alpha=0.7, draft_token_s=0.036, step_s=0.067, verify_token_s=0.03,
+                      wire_s=0.0)
+    assert np.mean(np.array(chosen[50:]) == 0) > 0.9
+
+
+def test_drafts_long_blocks_on_a_gpu_like_target_far_away():
+    """Verification nearly free per token, 100 ms away, high acceptance: long blocks."""
+    chosen = simulate(AdaptiveK(), alpha=0.95, draft_token_s=0.005, step_s=0.02, verify_token_s=0.0005,
+                      wire_s=0.1)
+    assert np.median(chosen[50:]) >= 12
+
+
+def test_follows_a_change_from_code_to_prose():
+    """Acceptance falls from 0.95 to 0.3 mid-reply: k falls within a few rounds."""
+    controller = AdaptiveK()
+    costs = dict(draft_token_s=0.036, step_s=0.067, verify_token_s=0.02, wire_s=0.1)
+    high = simulate(controller, alpha=0.95, rounds=60, **costs)
+    low = simulate(controller, alpha=0.3, rounds=30, seed=1, **costs)
+    assert np.median(high[30:]) >= 4  # the rate is within 5% of its best from k = 4 to 10
+    assert np.median(low[10:]) <= 2
+
+
+def test_probes_from_zero_only_when_drafting_could_pay():
+    """At k = 0 a small probe comes every PROBE_EVERY rounds if optimism says drafting might pay,
+    and never when even perfect acceptance would not."""
+    hopeful = simulate(AdaptiveK(), alpha=0.3, draft_token_s=0.036, step_s=0.067, verify_token_s=0.02,
+                       wire_s=0.05, rounds=300)
+    assert hopeful[100:].count(0) > 0.8 * 200
+    assert PROBE_K in hopeful[100:]
+    hopeless = simulate(AdaptiveK(), alpha=0.45, draft_token_s=0.2, step_s=0.01, verify_token_s=0.05,
+                        wire_s=0.0, rounds=300)
+    assert set(hopeless[100:]) == {0}
+    assert PROBE_EVERY > 1
