@@ -55,7 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     where = gen.add_mutually_exclusive_group()
     where.add_argument("--server", default=env("SPECWIRE_SERVER", "ws://127.0.0.1:8765"),
                        help="ws://HOST:PORT of a verification service (default: %(default)s)")
-    where.add_argument("--offline", action="store_true", help="draft model alone, no verification")
+    where.add_argument("--offline", action="store_true", help="draft model alone, no verification "
+                       "(the same as --mode offline)")
+    gen.add_argument("--mode", choices=["hybrid", "server", "offline"], default="hybrid",
+                     help="hybrid: draft here, verify there (default); server: the service generates alone "
+                          "and streams (no draft model runs); offline: the draft model alone")
     gen.add_argument("--token-file", default=env("SPECWIRE_TOKEN_FILE"))
     gen.add_argument("--ca-file", default=env("SPECWIRE_CA_FILE"),
                      help="CA certificates to trust for a wss:// service (default: the system's)")
@@ -65,12 +69,45 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=0, help="0 keeps every token")
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=None)
-    gen.add_argument("--k", type=int, default=4, help="draft tokens per round; 0 = target only")
+    gen.add_argument("--k", type=k_setting, default="auto",
+                     help="draft tokens per round: a number (0: the service makes every token) or auto "
+                          "(chosen each round from measured acceptance and costs; default)")
+    gen.add_argument("--no-pipeline", dest="pipeline", action="store_false",
+                     help="do not draft the next block while a verdict is in flight")
     gen.add_argument("--draft-gpu-layers", type=int, default=-1,
                      help="layers of the draft model on the GPU (-1: all, 0: none)")
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, token ids and stats")
     gen.set_defaults(run=commands.generate)
+
+    proxy = sub.add_parser("proxy", help="relay a service with added round-trip time and jitter (for testing)")
+    proxy.add_argument("--upstream", default=env("SPECWIRE_SERVER", "ws://127.0.0.1:8765"),
+                       help="the service to relay to (default: %(default)s)")
+    proxy.add_argument("--rtt-ms", type=float, default=50.0, help="round-trip time to add (default: 50)")
+    proxy.add_argument("--jitter-ms", type=float, default=0.0, help="+- spread of that time (default: 0)")
+    proxy.add_argument("--host", default="127.0.0.1")
+    proxy.add_argument("--port", type=int, default=0, help="0 picks a free port (default)")
+    proxy.set_defaults(run=commands.proxy)
+
+    from app.bench.command import add_arguments as add_bench_arguments
+
+    bench = sub.add_parser("bench", help="every mode side by side under emulated round-trip times: "
+                           "tokens/s, target passes, round trips and bytes per token (table, JSON, plot)")
+    add_bench_arguments(bench)
+    bench.set_defaults(run=commands.bench)
     return parser
+
+
+def k_setting(text: str) -> int | None:
+    """--k: a draft length, or "auto" (None) for the adaptive controller."""
+    if text == "auto":
+        return None
+    try:
+        k = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--k takes a number of draft tokens or auto, not {text!r}") from None
+    if k < 0:
+        raise argparse.ArgumentTypeError(f"--k must be 0 or more, got {k}")
+    return k
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -136,16 +136,19 @@ def serve(args: argparse.Namespace) -> int:
 def generate(args: argparse.Namespace) -> int:
     from local_draft.draft_model import DraftModel, DraftModelError
     from local_draft.service_link import LinkState, ServiceLink
+    from local_draft.server_only import ServerOnlyGenerator
     from local_draft.speculator import Speculator
     from local_draft.verify_client import ServiceUnreachable, VerifyError
     from remote_verify.protocol import Hello, SamplingParams
 
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    problems = params.problems() + ([f"--k must be 0 or more, got {args.k}"] if args.k < 0 else [])
+    problems = params.problems()
     if problems:
         raise UserError("; ".join(problems))
-    try:
-        draft = DraftModel(resolve_model(args, "draft"), gpu_layers=args.draft_gpu_layers)
+    mode = "offline" if args.offline else args.mode
+    try:  # server mode runs no draft model: its vocabulary is enough to tokenize
+        draft = DraftModel(resolve_model(args, "draft"), gpu_layers=args.draft_gpu_layers,
+                           vocab_only=mode == "server")
     except DraftModelError as exc:
         raise UserError(str(exc)) from exc
 
@@ -153,7 +156,7 @@ def generate(args: argparse.Namespace) -> int:
         print(f"[{state.detail}]", file=sys.stderr, flush=True)
 
     link = None
-    if not args.offline:
+    if mode != "offline":
         hello = Hello(vocab_fingerprint=draft.vocab_fingerprint, vocab_size=draft.vocab_size,
                       bos_id=draft.bos_id, eos_id=draft.eos_id, sampling=params, seed=args.seed,
                       client="specwire generate")
@@ -164,7 +167,10 @@ def generate(args: argparse.Namespace) -> int:
             raise UserError(f"{exc} (or run with --offline)") from exc
 
     prompt = draft.tokenize(args.prompt)
-    speculator = Speculator(draft, link, params, k=args.k, seed=args.seed)
+    if mode == "server":
+        generator = ServerOnlyGenerator(link.current(), draft.eos_id)
+    else:
+        generator = Speculator(draft, link, params, k=args.k, seed=args.seed, pipeline=args.pipeline)
     provenance_runs: list[list] = []  # [provenance, count] runs: which tokens were verified
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
@@ -179,7 +185,7 @@ def generate(args: argparse.Namespace) -> int:
             sys.stdout.flush()
 
     try:
-        result = speculator.generate(prompt, args.max_tokens, on_commit=stream)
+        result = generator.generate(prompt, args.max_tokens, on_commit=stream)
     except (ServiceUnreachable, VerifyError) as exc:
         raise UserError(str(exc)) from exc
     finally:
@@ -191,15 +197,49 @@ def generate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "text": text, "token_ids": result.token_ids, "prompt_tokens": len(prompt),
-            "stop_reason": result.stop_reason, "mode": "offline" if args.offline else "hybrid",
-            "k": args.k, "provenance": provenance_runs, "stats": stats.as_dict(),
+            "stop_reason": result.stop_reason, "mode": mode,
+            "k": "auto" if args.k is None else args.k, "provenance": provenance_runs, "stats": stats.as_dict(),
         }))
     else:
         sys.stdout.write(decoder.decode(b"", final=True) + "\n")
         print(f"[stopped at {result.stop_reason}: {stats.generated} tokens in {stats.wall_s:.2f} s, "
-              f"{stats.rounds} rounds, acceptance {stats.acceptance_rate:.2f}, "
+              f"{stats.rounds} rounds, {stats.verified_rounds} target passes, acceptance {stats.acceptance_rate:.2f}, "
               f"{stats.tokens_per_round:.2f} tokens/round, {stats.tokens_per_s:.1f} tokens/s"
               + (f", {stats.offline} unverified (offline)" if stats.offline else "") + "]", file=sys.stderr)
+    return 0
+
+
+def proxy(args: argparse.Namespace) -> int:
+    from app.latency_proxy import LatencyProxy
+
+    try:
+        relay = LatencyProxy(args.upstream, rtt_ms=args.rtt_ms, jitter_ms=args.jitter_ms, host=args.host,
+                             port=args.port)
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+
+    async def run() -> None:
+        await relay.start()
+        print(f"relaying {relay.url} -> {relay.upstream_host}:{relay.upstream_port} with {args.rtt_ms:g} ms "
+              f"round trip (jitter {args.jitter_ms:g} ms)", flush=True)
+        await relay.serve_forever_started()
+
+    try:
+        asyncio.run(run())
+    except OSError as exc:
+        raise UserError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from exc
+    return 0
+
+
+def bench(args: argparse.Namespace) -> int:
+    from app.bench import command
+
+    draft, target = resolve_model(args, "draft"), resolve_model(args, "target")
+    try:
+        config = command.parse(args, draft, target)
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    command.run(config, Path(args.out) if args.out else command.default_out_dir())
     return 0
 
 

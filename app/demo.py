@@ -8,6 +8,7 @@ identical and what speculation saved: rounds (target passes and round trips) per
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,11 +18,15 @@ CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 DEMO_PROMPTS = ["def quicksort(arr):", CHAT.format("What does a Python decorator do?"), "The quick brown fox"]
 
 
-def start_service(target: Path) -> tuple[subprocess.Popen, str]:
-    """Start `specwire serve` on a free loopback port; return the process and its URL."""
+def start_service(target: Path, *options: str, cpus: set[int] | None = None) -> tuple[subprocess.Popen, str]:
+    """Start `specwire serve` (with more `options`, on `cpus` if given) on a free loopback port.
+
+    Returns the process and its URL.
+    """
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     process = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--target", str(target), "--port", "0"],
-        stdout=subprocess.PIPE, text=True)
+        [sys.executable, "-m", "app.cli", "serve", "--target", str(target), "--port", "0", *options],
+        stdout=subprocess.PIPE, text=True, preexec_fn=pin)
     line = process.stdout.readline()
     if not line.startswith("listening on "):
         process.kill()

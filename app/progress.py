@@ -1,4 +1,4 @@
-"""A one-line progress bar on stderr for byte counts (downloads, checksums)."""
+"""A one-line progress bar on stderr: byte counts (downloads, checksums) or steps (benchmark runs)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import time
 class ProgressBar:
     """Call with (done, total). Redraws in place on a terminal; prints every 10% in a log."""
 
-    def __init__(self, label: str, width: int = 30, stream=sys.stderr):
+    def __init__(self, label: str, width: int = 30, stream=sys.stderr, unit: str = "MB", scale: float = 1e6):
         self.label = label
+        self.unit = unit  # what done and total count, after dividing by scale
+        self.scale = scale
         self.width = width
         self.stream = stream
         self.started = time.monotonic()
@@ -30,9 +32,14 @@ class ProgressBar:
                 return
         self._last_draw, self._last_decile = now, decile
         filled = int(self.width * fraction)
-        speed = done / max(now - self.started, 1e-6) / 1e6
+        elapsed = max(now - self.started, 1e-6)
+        if self.unit == "MB":
+            rate = f"{done / elapsed / self.scale:,.0f} MB/s"
+        else:  # steps of seconds or minutes each: the time left says more than a rate
+            left = elapsed / done * (total - done) if done else float("nan")
+            rate = f"{left / 60:,.1f} min left" if done else "..."
         line = (f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {100 * fraction:5.1f}% "
-                f"{done / 1e6:,.0f}/{total / 1e6:,.0f} MB {speed:,.0f} MB/s")
+                f"{done / self.scale:,.0f}/{total / self.scale:,.0f} {self.unit} {rate}")
         if self._interactive:
             self.stream.write("\r" + line + ("\n" if finished else ""))
         else:

@@ -16,7 +16,7 @@ import argparse
 
 import numpy as np
 
-from benchmarks.prompts import PROMPTS
+from app.bench.prompts import PROMPTS
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks.prompts import PROMPTS
+from app.bench.prompts import PROMPTS
 
 
 def start_service(backend: str) -> tuple[subprocess.Popen, str, float]:

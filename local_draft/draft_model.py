@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 
 import llama_cpp
 import numpy as np
+from llama_cpp._utils import suppress_stdout_stderr
 
 from remote_verify.protocol import SamplingParams, SparseDist, vocab_fingerprint
 from remote_verify.sampling import sample, truncate, warp
@@ -25,26 +26,34 @@ log = logging.getLogger(__name__)
 WIRE_TOP_K_CAP = 64  # draft distributions travel as their 64 most likely tokens at most
 
 
+def _usable_cpus() -> int:
+    """Cores this process may run on (its affinity mask), not every core of the machine."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else max(1, os.cpu_count() or 1)
+
+
 class DraftModelError(RuntimeError):
     """The draft model cannot be loaded or cannot go on (file missing, context full)."""
 
 
 class DraftModel:
     def __init__(self, path: str | Path, n_ctx: int = 4096, gpu_layers: int = -1,
-                 n_threads: int | None = None):
+                 n_threads: int | None = None, vocab_only: bool = False):
         path = Path(path)
         if not path.is_file():
             raise DraftModelError(f"draft model not found: {path}")
         try:
-            self._llama = llama_cpp.Llama(
-                model_path=str(path),
-                n_ctx=n_ctx,
-                n_batch=512,
-                n_gpu_layers=gpu_layers,  # -1: every layer on the GPU when llama.cpp has one
-                n_threads=n_threads or max(1, os.cpu_count() or 1),
-                logits_all=False,  # logits are read for the last position only
-                verbose=False,
-            )
+            # llama.cpp warns on stderr that a vocabulary-only model's training context (0) is short
+            with suppress_stdout_stderr(disable=not vocab_only):
+                self._llama = llama_cpp.Llama(
+                    model_path=str(path),
+                    n_ctx=n_ctx,
+                    n_batch=512,
+                    n_gpu_layers=gpu_layers,  # -1: every layer on the GPU when llama.cpp has one
+                    n_threads=n_threads or _usable_cpus(),
+                    logits_all=False,  # logits are read for the last position only
+                    vocab_only=vocab_only,  # tokenizer only: for clients that let the service generate
+                    verbose=False,
+                )
         except (ValueError, RuntimeError) as exc:
             raise DraftModelError(f"llama.cpp could not load {path}: {exc}") from exc
         self.path = path

@@ -33,6 +33,7 @@ class GenerationStats:
     ahead_used: int = 0  # of those, tokens that went into a later round (the guess was right)
     ahead_s: float = 0.0  # time spent drafting ahead (overlapping round trips)
     syncs: int = 0  # extra round trips that rebuilt the service's copy of the history
+    round_trips: int = 0  # requests answered by the service (rounds, syncs, a streamed generation)
     first_token_s: float | None = None  # time to the first committed token
     last_k: int = 0  # draft length of the latest round
     last_round_trip_s: float = 0.0  # the latest round's round trip minus the service's time
@@ -87,7 +88,7 @@ class GenerationStats:
             **seconds, "tokens_per_s": round(self.tokens_per_s, 2),
             "first_token_s": None if self.first_token_s is None else round(self.first_token_s, 4),
             "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
-            "offline": self.offline, "syncs": self.syncs,
+            "offline": self.offline, "syncs": self.syncs, "round_trips": self.round_trips,
             "ahead_drafted": self.ahead_drafted, "ahead_used": self.ahead_used,
         }
 

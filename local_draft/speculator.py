@@ -215,6 +215,7 @@ class Speculator:
                 raise
         self._sync(history)  # the service lost track of us: rebuild its copy, retry once
         self._seq += 1
+        self.stats.round_trips += 1
         return self._client.verify(Verify(seq=self._seq, committed_len=len(history), draft=draft,
                                          draft_dists=dists))
 
@@ -223,6 +224,7 @@ class Speculator:
         self._client.sync(Sync(seq=self._seq, tokens=list(history)))
         self._service_history = list(history)
         self.stats.syncs += 1
+        self.stats.round_trips += 1
 
     def _account(self, stats: GenerationStats, verdict: Verdict, round_trip: float, k: int,
                  draft_s: float, drafted_now: int, fed: int) -> None:
@@ -235,6 +237,7 @@ class Speculator:
         stats.last_k = k
         stats.last_round_trip_s = max(0.0, round_trip - service_s)
         stats.record_round(k, verdict.accepted, verdict.accepted + 1)
+        stats.round_trips += 1
         self.controller.observe(RoundTiming(
             k=k, accepted=verdict.accepted, draft_s=draft_s, draft_tokens=drafted_now, fed_tokens=fed,
             service_s=service_s, wire_s=stats.last_round_trip_s))

@@ -18,7 +18,10 @@ from websockets.sync.client import ClientConnection, connect
 
 from remote_verify.protocol import (
     SUBPROTOCOL,
+    Cancel,
     Error,
+    Generate,
+    Generated,
     Hello,
     Sync,
     Synced,
@@ -109,6 +112,25 @@ class VerifyClient:
 
     def receive_verdict(self) -> Verdict:
         return self._receive(Verdict)
+
+    def send_generate(self, request: Generate) -> None:
+        """Start a server-only generation; its tokens come back through receive_generated()."""
+        self._send(request, len(request.append))
+
+    def receive_generated(self) -> Generated:
+        frame = self._receive(Generated)
+        # the next frame is one more token away
+        self._sent_at = time.monotonic()
+        self._reply_timeout = self.stall_timeout_s + SECONDS_PER_NEW_TOKEN
+        return frame
+
+    def send_cancel(self, request: Cancel) -> None:
+        frame = encode(request)
+        try:
+            self._ws.send(frame)
+        except (ConnectionClosed, OSError) as exc:
+            raise ServiceUnreachable(f"lost the verification service at {self.url}: {exc}") from exc
+        self.bytes_sent += len(frame)
 
     def sync(self, request: Sync) -> Synced:
         return self._request(request, Synced, len(request.tokens))

@@ -8,6 +8,8 @@ A session, as the client sees it:
     Hello     -> Welcome            (or Error, fatal, and the socket closes)
     Verify    -> Verdict            (one per round, sequence numbers 1, 2, 3, ...)
     Sync      -> Synced             (rebuild the committed history after an Error)
+    Generate  -> Generated ...      (server-only: the target alone, one frame per token,
+                                     the last with done=True; Cancel ends it early)
 """
 
 from __future__ import annotations
@@ -96,7 +98,28 @@ class Sync(msgspec.Struct, tag="sync"):
     tokens: list[int]
 
 
-ClientMessage = Union[Hello, Verify, Sync]
+class Generate(msgspec.Struct, tag="generate"):
+    """Server-only decoding: extend the history by `append`, then let the target continue alone.
+
+    The service streams one Generated frame per token until `max_tokens`, a token in
+    `stop_ids` (sent, then the stream ends), a full context, or a Cancel. For clients with
+    no drafter, and as the baseline speculation is measured against.
+    """
+
+    seq: int
+    committed_len: int
+    append: list[int] = []
+    max_tokens: int = 128
+    stop_ids: list[int] = []
+
+
+class Cancel(msgspec.Struct, tag="cancel"):
+    """Stop the generation started by Generate `seq`; its stream ends with done=True."""
+
+    seq: int
+
+
+ClientMessage = Union[Hello, Verify, Sync, Generate, Cancel]
 
 
 # ---- service -> client ------------------------------------------------------------------
@@ -143,7 +166,19 @@ class Error(msgspec.Struct, tag="error"):
     fatal: bool = False
 
 
-ServerMessage = Union[Welcome, Verdict, Synced, Error]
+class Generated(msgspec.Struct, tag="generated"):
+    """Tokens of a server-only generation, as they are made; `done` marks the last frame."""
+
+    seq: int
+    tokens: list[int]
+    committed_len: int
+    done: bool = False
+    stop_reason: str = ""  # on the last frame: "eos", "max_tokens", "context" or "cancelled"
+    forward_s: float = 0.0  # the forward passes behind these tokens
+    queue_s: float = 0.0  # waiting for the device behind other sessions' work
+
+
+ServerMessage = Union[Welcome, Verdict, Synced, Error, Generated]
 
 _encoder = msgspec.msgpack.Encoder()
 _client_decoder = msgspec.msgpack.Decoder(ClientMessage)

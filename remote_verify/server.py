@@ -27,7 +27,9 @@ from remote_verify.protocol import (
     CLOSE_PROTOCOL_ERROR,
     CLOSE_VOCAB_MISMATCH,
     SUBPROTOCOL,
+    Cancel,
     Error,
+    Generate,
     Hello,
     Sync,
     Verify,
@@ -37,6 +39,7 @@ from remote_verify.protocol import (
     vocab_fingerprint,
 )
 from remote_verify.session import Session, SessionError, SessionLimits
+from remote_verify.streaming import ServerOnlyStream
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +116,19 @@ class VerifyService:
         if session is None:
             return
         loop = asyncio.get_running_loop()
+        stream = ServerOnlyStream(session, lambda fn: loop.run_in_executor(self.worker, fn), ws)
         try:
             async for frame in ws:
-                reply = await self._answer(loop, session, frame)
+                message = self._decode(frame)
+                if isinstance(message, (Generate, Cancel)):
+                    reply = await stream.handle(message)
+                elif stream.busy and not isinstance(message, Error):
+                    reply = Error("busy", "a server-only generation is streaming: send cancel and wait for "
+                                          "its last frame first", seq=getattr(message, "seq", 0))
+                else:
+                    reply = await self._answer(loop, session, message)
+                if reply is None:
+                    continue
                 await ws.send(encode(reply))
                 if isinstance(reply, Error) and reply.fatal:
                     await ws.close(CLOSE_PROTOCOL_ERROR, reply.code)
@@ -123,16 +136,23 @@ class VerifyService:
         except ConnectionClosed:
             pass
         finally:
+            stream.stop()
             self.sessions.pop(session.id, None)
             log.info("session %s closed after %d committed tokens", session.id, len(session.committed))
 
-    async def _answer(self, loop: asyncio.AbstractEventLoop, session: Session, frame: bytes | str):
+    @staticmethod
+    def _decode(frame: bytes | str):
+        """The client's message, or the Error that answers an undecodable frame."""
         if isinstance(frame, str):
             return Error("bad_frame", "text frames are not part of the protocol: send binary msgpack frames")
         try:
-            message = decode_client_message(frame)
+            return decode_client_message(frame)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             return Error("bad_frame", f"could not decode the frame: {exc}")
+
+    async def _answer(self, loop: asyncio.AbstractEventLoop, session: Session, message):
+        if isinstance(message, Error):
+            return message
         try:
             if isinstance(message, Verify):
                 return await loop.run_in_executor(self.worker, session.verify, message)
@@ -176,7 +196,7 @@ class VerifyService:
             await ws.send(encode(Welcome(
                 session_id=session.id, max_context=self.limits.max_context, max_draft=self.limits.max_draft,
                 vocab_size=self.backend.vocab_size, target=self.backend.name,
-                capabilities=["greedy", "sampling", "sync"])))
+                capabilities=["greedy", "sampling", "sync", "generate"])))
         except ConnectionClosed:
             del self.sessions[session.id]
             return None

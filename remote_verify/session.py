@@ -18,7 +18,7 @@ import numpy as np
 
 from remote_verify.acceptance import accept_greedy, accept_sampled
 from remote_verify.backends import TargetBackend
-from remote_verify.protocol import SamplingParams, SparseDist, Sync, Synced, Verdict, Verify
+from remote_verify.protocol import Generate, SamplingParams, SparseDist, Sync, Synced, Verdict, Verify
 from remote_verify.sampling import warp
 
 
@@ -90,6 +90,41 @@ class Session:
         return Verdict(seq=request.seq, accepted=accepted, token=token,
                        committed_len=len(self.committed),
                        forward_s=forwarded - started, accept_s=decided - forwarded)
+
+    def start_generation(self, request: Generate) -> None:
+        """Check a server-only request and take its appended tokens into the history."""
+        self._check_seq(request.seq)
+        if request.committed_len != len(self.committed):
+            raise SessionError(
+                "stale_state",
+                f"the client believes {request.committed_len} tokens are committed, the service "
+                f"holds {len(self.committed)}; send Sync with the full history")
+        self._check_tokens(request.append, "append")
+        self._check_tokens(request.stop_ids, "stop_ids")
+        if request.max_tokens < 1:
+            raise SessionError("bad_request", f"max_tokens must be at least 1, got {request.max_tokens}")
+        history = len(self.committed) + len(request.append)
+        if history == 0:
+            raise SessionError("empty_context", "nothing to continue: append at least one prompt token (BOS)")
+        if history + 1 > self.limits.max_context:
+            raise SessionError("context_full", f"{history} tokens leave no room under the context limit "
+                                               f"of {self.limits.max_context}")
+        self.committed += list(request.append)
+        self.last_seq = request.seq
+
+    def generate_step(self) -> tuple[int, float, float]:
+        """One token by the target alone; returns (token, when the step started, forward seconds)."""
+        started = time.perf_counter()
+        feed = self.committed[self.cached_len:]
+        logits = self.backend.forward(self.cache, feed, n_logits=1)[0]  # (V,)
+        if self.sampling.greedy:
+            token = int(logits.argmax())
+        else:
+            probs = warp(logits, self.sampling)
+            token = int(self.rng.choice(probs.shape[0], p=probs))
+        self.committed.append(token)
+        self.cached_len = len(self.committed) - 1
+        return token, started, time.perf_counter() - started
 
     def sync(self, request: Sync) -> Synced:
         """Adopt the client's history; keep the cached prefix it shares with the old one."""

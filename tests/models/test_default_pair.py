@@ -31,7 +31,7 @@ from local_draft.verify_client import VerifyClient
 from models.fetch import fetch_chunks
 from models.registry import QWEN_CODER, file_path
 from remote_verify.protocol import SamplingParams
-from benchmarks.prompts import PROMPTS
+from app.bench.prompts import PROMPTS
 from tests.conftest import RunningService, hello_for
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,96 @@
+"""`specwire bench`: parse the choices, run the modes, print the tables, write JSON and a plot."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+
+from app.bench.modes import MODES, MODES_BY_NAME
+from app.bench.prompts import PROMPTS
+from app.bench.report import render_checks, render_tables, summarize, write_json, write_plot
+from app.bench.runner import BenchConfig, count_runs, run_bench
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pair", help="model pair (default: the default pair)")
+    parser.add_argument("--draft", help="draft model GGUF (default: the draft of --pair)")
+    parser.add_argument("--target", help="target model (default: the target of --pair)")
+    parser.add_argument("--backend", default="auto", choices=["auto", "torch", "llamacpp"],
+                        help="the service's target engine (default: auto)")
+    parser.add_argument("--rtt-ms", default="0,20,50,100", help="round-trip times to emulate (default: %(default)s)")
+    parser.add_argument("--jitter-ms", type=float, default=0.0, help="+- spread of each round trip (default: 0)")
+    parser.add_argument("--modes", default=",".join(m.name for m in MODES),
+                        help="which modes, comma-separated (default: all: %(default)s)")
+    parser.add_argument("--kinds", default=",".join(PROMPTS), help="prompt kinds (default: %(default)s)")
+    parser.add_argument("--prompts-per-kind", type=int, default=None, help="the first N prompts of each kind")
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens per reply (default: 128)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--service-cpus", type=int, default=None,
+                        help="cores pinned to the local service, the rest to the client, as if on two machines "
+                             "(default: half; 0: no pinning, both share every core)")
+    parser.add_argument("--out", help="folder for bench.json and bench.png (default: ./specwire-bench-TIME)")
+
+
+def parse(args: argparse.Namespace, draft: str, target: str) -> BenchConfig:
+    """A BenchConfig from the flags; ValueError with a message a user can act on."""
+    try:
+        rtts = [float(x) for x in args.rtt_ms.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--rtt-ms takes comma-separated milliseconds, like 0,50,100 (got {args.rtt_ms!r})") from None
+    if not rtts or min(rtts) < 0:
+        raise ValueError("--rtt-ms needs at least one round-trip time, none negative")
+    unknown = [m for m in args.modes.split(",") if m not in MODES_BY_NAME]
+    if unknown:
+        raise ValueError(f"unknown mode(s) {', '.join(unknown)}: choose from {', '.join(MODES_BY_NAME)}")
+    kinds = [k for k in args.kinds.split(",") if k]
+    if not kinds or any(k not in PROMPTS for k in kinds):
+        raise ValueError(f"--kinds: choose from {', '.join(PROMPTS)}")
+    if args.max_tokens < 1:
+        raise ValueError("--max-tokens must be at least 1")
+    return BenchConfig(draft=Path(draft), target=Path(target), backend=args.backend, rtts_ms=rtts,
+                       jitter_ms=args.jitter_ms, modes=[MODES_BY_NAME[m] for m in args.modes.split(",")],
+                       kinds=kinds, prompts_per_kind=args.prompts_per_kind, max_tokens=args.max_tokens,
+                       temperature=args.temperature, seed=args.seed, service_cpus=args.service_cpus)
+
+
+def run(config: BenchConfig, out_dir: Path) -> dict:
+    """Run everything; print the report; returns the paths written."""
+    from app.bench.reference import reference_available, run_reference
+    from app.progress import ProgressBar
+
+    notes = []
+    runs = run_bench(config, ProgressBar(f"bench: {count_runs(config)} runs", unit="runs", scale=1))
+    if any(mode.kind == "reference" for mode in config.modes):
+        missing = reference_available()
+        if missing:
+            notes.append(f"hf-assisted left out: {missing}")
+        else:
+            runs += run_reference(config, ProgressBar("bench: hf-assisted", unit="runs", scale=1))
+    cells = summarize(runs)
+    print(render_tables(cells, config.rtts_ms, config.kinds))
+    print(render_checks(cells, config.rtts_ms, config.kinds))
+    for note in notes:
+        print(f"note: {note}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, plot_path = out_dir / "bench.json", out_dir / "bench.png"
+    settings = {"draft": str(config.draft), "target": str(config.target), "backend": config.backend,
+                "rtts_ms": config.rtts_ms, "jitter_ms": config.jitter_ms, "modes": [m.name for m in config.modes],
+                "kinds": config.kinds, "prompts_per_kind": config.prompts_per_kind,
+                "max_tokens": config.max_tokens, "temperature": config.temperature, "seed": config.seed,
+                "service_cpus": config.service_cpus}
+    write_json(json_path, settings, runs, cells, notes)
+    written = {"json": str(json_path)}
+    if write_plot(plot_path, cells, config.rtts_ms, config.kinds):
+        written["plot"] = str(plot_path)
+    print("\n" + "\n".join(f"wrote {path}" for path in written.values()))
+    return written
+
+
+def default_out_dir() -> Path:
+    return Path(f"specwire-bench-{time.strftime('%Y%m%d-%H%M%S')}")
+

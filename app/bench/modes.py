@@ -1,0 +1,65 @@
+"""The ways to generate a reply that `specwire bench` puts side by side, and one run's record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    description: str
+    kind: str  # "server" (the target streams alone), "hybrid", "offline" or "reference"
+    k: int | None = None  # hybrid: draft tokens per round; None: adaptive
+    pipeline: bool = False  # hybrid: draft the next block while a verdict is in flight
+
+    @property
+    def uses_network(self) -> bool:
+        return self.kind in ("server", "hybrid")
+
+
+MODES = [
+    Mode("server", "the service generates alone and streams tokens", "server"),
+    Mode("k0", "one token per round trip, nothing drafted", "hybrid", k=0),
+    Mode("k2", "hybrid, 2 draft tokens per round", "hybrid", k=2),
+    Mode("k4", "hybrid, 4 draft tokens per round", "hybrid", k=4),
+    Mode("k8", "hybrid, 8 draft tokens per round", "hybrid", k=8),
+    Mode("auto", "hybrid, k chosen each round", "hybrid", k=None),
+    Mode("auto+ahead", "hybrid, k chosen each round, next block drafted during the round trip", "hybrid",
+         k=None, pipeline=True),
+    Mode("offline", "the draft model alone, unverified", "offline"),
+    Mode("hf-assisted", "Hugging Face assisted generation, same pair, in torch (outside reference)", "reference"),
+]
+MODES_BY_NAME = {mode.name: mode for mode in MODES}
+FIXED_K = ("k0", "k2", "k4", "k8")  # what adaptive k is held against
+
+
+@dataclass
+class Run:
+    """One generation of one prompt in one mode at one round-trip time."""
+
+    mode: str
+    rtt_ms: float
+    prompt_kind: str
+    prompt_index: int
+    tokens: int
+    wall_s: float
+    first_token_s: float
+    target_passes: int  # forward passes of the target model
+    service_s: float  # the service's busy time (queue, forward, acceptance)
+    round_trips: int
+    bytes: int  # payload bytes both ways
+    accepted_per_position: list[int] = field(default_factory=list)
+    drafted_per_position: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_stats(cls, mode: str, rtt_ms: float, prompt_kind: str, prompt_index: int, token_ids: list[int],
+                   stats) -> Run:
+        """From a GenerationStats of the speculation loop or of server-only generation."""
+        return cls(mode=mode, rtt_ms=rtt_ms, prompt_kind=prompt_kind, prompt_index=prompt_index,
+                   tokens=len(token_ids), wall_s=stats.wall_s, first_token_s=stats.first_token_s or stats.wall_s,
+                   target_passes=stats.verified_rounds, service_s=stats.service_s,
+                   round_trips=stats.round_trips, bytes=stats.bytes_sent + stats.bytes_received,
+                   accepted_per_position=list(stats.accepted_per_position),
+                   drafted_per_position=list(stats.drafted_per_position), token_ids=list(token_ids))

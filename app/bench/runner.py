@@ -1,0 +1,151 @@
+"""Run the benchmark: every mode at every round-trip time over one prompt set, interleaved.
+
+One verification service runs in a child process; one latency proxy per round-trip time
+sits in front of it. Client and service stand for two machines: by default each gets half
+of this machine's cores (pinned), so that drafting ahead and verifying really overlap, as
+they would across a network, instead of fighting over the same cores. Each (mode, round trip) pair keeps its own generator and session for
+the whole run, as a user's client would, so adaptive k learns each link. The loop goes
+prompt by prompt and, within a prompt, through every round-trip time and every mode in
+a rotating order, so that a slow spell of this shared machine falls on all of them alike.
+Modes that use no network (offline, the outside reference) run once per prompt.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from app.bench.modes import Mode, Run
+from app.bench.prompts import PROMPTS
+from app.demo import start_service
+from app.latency_proxy import LatencyProxy
+
+log = logging.getLogger(__name__)
+
+WARM_UP_PROMPT = "def add(a, b):"
+WARM_UP_TOKENS = 24
+SERVICE_CONTEXT = 2048  # prompts + replies stay far below; keeps each session's KV cache small
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    draft: Path
+    target: Path
+    backend: str
+    rtts_ms: list[float]
+    jitter_ms: float
+    modes: list[Mode]
+    kinds: list[str]
+    prompts_per_kind: int | None  # None: every prompt of each kind
+    max_tokens: int
+    temperature: float = 0.0
+    seed: int = 0
+    service_cpus: int | None = None  # cores pinned to the service; None: half; 0: no pinning
+
+
+def split_cores(service_cpus: int | None) -> tuple[set[int] | None, set[int] | None]:
+    """(service cores, client cores), or (None, None) when everything shares every core."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else []
+    wanted = len(cores) // 2 if service_cpus is None else service_cpus
+    if wanted <= 0 or len(cores) < 2:
+        return None, None
+    wanted = min(wanted, len(cores) - 1)  # the client keeps at least one core
+    return set(cores[-wanted:]), set(cores[:-wanted])
+
+
+def bench_prompts(config: BenchConfig) -> list[tuple[str, int, str]]:
+    """(kind, index, text), kinds interleaved: code, chat, prose, code, ... (adaptive k must follow)."""
+    chosen = {kind: PROMPTS[kind][: config.prompts_per_kind] for kind in config.kinds}
+    longest = max(len(texts) for texts in chosen.values())
+    return [(kind, i, chosen[kind][i]) for i in range(longest) for kind in config.kinds if i < len(chosen[kind])]
+
+
+def count_runs(config: BenchConfig) -> int:
+    prompts = len(bench_prompts(config))
+    networked = sum(mode.uses_network for mode in config.modes)
+    local = sum(mode.kind == "offline" for mode in config.modes)
+    return prompts * (networked * len(config.rtts_ms) + local)
+
+
+def run_bench(config: BenchConfig, progress: Callable[[int, int], None]) -> list[Run]:
+    """Every networked and offline mode; the outside reference is run apart (app.bench.reference)."""
+    from local_draft.draft_model import DraftModel
+    from remote_verify.protocol import SamplingParams
+
+    params = SamplingParams(temperature=config.temperature)
+    service_cores, client_cores = split_cores(config.service_cpus)
+    all_cores = os.sched_getaffinity(0) if client_cores else None
+    if client_cores:
+        os.sched_setaffinity(0, client_cores)  # before llama.cpp counts its threads
+    draft = DraftModel(config.draft)
+    service, url = start_service(config.target, "--backend", config.backend, "--max-context", str(SERVICE_CONTEXT),
+                                 cpus=service_cores)
+    proxies: list[LatencyProxy] = []
+    generators: dict[tuple[str, float], object] = {}
+    clients = []
+    runs: list[Run] = []
+    total, done = count_runs(config), 0
+    try:
+        for rtt in config.rtts_ms:
+            proxy = LatencyProxy(url, rtt_ms=rtt, jitter_ms=config.jitter_ms, seed=config.seed)
+            proxy.start_in_thread()
+            proxies.append(proxy)
+            for mode in config.modes:
+                if mode.uses_network:
+                    generator, client = _generator(mode, proxy.url, draft, params, config.seed)
+                    generators[mode.name, rtt] = generator
+                    clients.append(client)
+        for mode in config.modes:
+            if mode.kind == "offline":
+                generators[mode.name, 0.0] = _generator(mode, None, draft, params, config.seed)[0]
+        warm_up = draft.tokenize(WARM_UP_PROMPT)
+        for generator in generators.values():
+            generator.generate(warm_up, WARM_UP_TOKENS)  # buffers allocated, costs first measured
+        progress(0, total)
+        for turn, (kind, index, text) in enumerate(bench_prompts(config)):
+            ids = draft.tokenize(text)
+            order = _rotated([m for m in config.modes if m.kind in ("server", "hybrid", "offline")], turn)
+            for rtt in config.rtts_ms:
+                for mode in order:
+                    if mode.kind == "offline" and rtt != config.rtts_ms[0]:
+                        continue  # no network: once per prompt
+                    at = 0.0 if mode.kind == "offline" else rtt
+                    result = generators[mode.name, at].generate(ids, config.max_tokens)
+                    runs.append(Run.from_stats(mode.name, at, kind, index, result.token_ids, result.stats))
+                    done += 1
+                    progress(done, total)
+    finally:
+        for client in clients:
+            client.close()
+        for proxy in proxies:
+            proxy.stop()
+        service.terminate()
+        service.wait(timeout=60)
+        if all_cores:
+            os.sched_setaffinity(0, all_cores)
+    return runs
+
+
+def _generator(mode: Mode, url: str | None, draft, params, seed: int):
+    """(generator, client) for a mode; client is None when the mode needs no service."""
+    from local_draft.server_only import ServerOnlyGenerator
+    from local_draft.speculator import Speculator
+    from local_draft.verify_client import VerifyClient
+    from remote_verify.protocol import Hello
+
+    if mode.kind == "offline":
+        return Speculator(draft, None, params, seed=seed), None
+    hello = Hello(vocab_fingerprint=draft.vocab_fingerprint, vocab_size=draft.vocab_size, bos_id=draft.bos_id,
+                  eos_id=draft.eos_id, sampling=params, seed=seed, client=f"specwire bench ({mode.name})")
+    client = VerifyClient(url, hello)
+    if mode.kind == "server":
+        return ServerOnlyGenerator(client, draft.eos_id), client
+    return Speculator(draft, client, params, k=mode.k, seed=seed, pipeline=mode.pipeline), client
+
+
+def _rotated(items: list, turn: int) -> list:
+    shift = turn % len(items) if items else 0
+    return items[shift:] + items[:shift]
