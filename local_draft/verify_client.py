@@ -86,7 +86,8 @@ class VerifyClient:
             raise VerifyError("http_" + str(exc.response.status_code),
                               f"the service at {url} refused the connection "
                               f"(HTTP {exc.response.status_code}): {body}", fatal=True) from exc
-        except (OSError, TimeoutError, InvalidHandshake) as exc:
+        except (OSError, TimeoutError, InvalidHandshake, ConnectionClosed) as exc:
+            # ConnectionClosed: dropped mid-handshake, as by a proxy in front of a dead service
             raise ServiceUnreachable(
                 f"cannot reach the verification service at {url}: {exc} (is `specwire serve` running?)") from exc
         self.welcome = self._request(hello, Welcome)
