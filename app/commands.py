@@ -206,6 +206,9 @@ def generate(args: argparse.Namespace) -> int:
               f"{stats.rounds} rounds, {stats.verified_rounds} target passes, acceptance {stats.acceptance_rate:.2f}, "
               f"{stats.tokens_per_round:.2f} tokens/round, {stats.tokens_per_s:.1f} tokens/s"
               + (f", {stats.offline} unverified (offline)" if stats.offline else "") + "]", file=sys.stderr)
+        print(f"[time: draft {stats.draft_s:.2f} s (+{stats.ahead_s:.2f} s drafted ahead), wire {stats.wire_s:.2f} s, "
+              f"service {stats.service_s:.2f} s (queue {stats.queue_s:.2f}, forward {stats.forward_s:.2f})]",
+              file=sys.stderr)
     return 0
 
 

@@ -132,8 +132,13 @@ def write_plot(path: Path, cells: list[Cell], rtts_ms: list[float], kinds: list[
     import matplotlib.pyplot as plt
 
     panels = [k for k in kinds + [ALL] if any(c.prompt_kind == k for c in cells)]
-    figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4), sharey=True, squeeze=False)
-    for axis, kind in zip(axes[0], panels):
+    columns = 2 if len(panels) > 2 else len(panels)
+    rows_of_panels = -(-len(panels) // columns)
+    figure, axes = plt.subplots(rows_of_panels, columns, figsize=(5.5 * columns, 4 * rows_of_panels), squeeze=False)
+    flat = axes.ravel()
+    for axis in flat[len(panels):]:
+        axis.set_visible(False)
+    for axis, kind in zip(flat, panels):
         rows = [c for c in cells if c.prompt_kind == kind]
         for mode in _modes_in(rows):
             points = sorted((c.rtt_ms, c.tokens_per_s) for c in rows if c.mode == mode)
@@ -143,9 +148,10 @@ def write_plot(path: Path, cells: list[Cell], rtts_ms: list[float], kinds: list[
             axis.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=mode)
         axis.set_title(f"{kind} prompts")
         axis.set_xlabel("round-trip time (ms)")
+        axis.set_ylabel("tokens/s seen by the user")
+        axis.set_ylim(bottom=0)
         axis.grid(alpha=0.3)
-    axes[0][0].set_ylabel("tokens/s seen by the user")
-    axes[0][-1].legend(fontsize=8, loc="best")
+    flat[0].legend(fontsize=8, loc="best")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

@@ -1,0 +1,53 @@
+"""`specwire bench` end to end on the tiny models: the table, the JSON and the plot."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SPECWIRE = str(Path(sys.executable).parent / "specwire")
+MODES = ["server", "k0", "k4", "auto+ahead", "offline", "hf-assisted"]
+
+
+def test_bench_compares_every_mode_at_every_round_trip(tiny, tmp_path):
+    """Two round trips, six modes, one prompt per kind: every cell measured, greedy modes agree."""
+    out = tmp_path / "bench"
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}  # the reference's conversions land here
+    done = subprocess.run(
+        [SPECWIRE, "bench", "--draft", str(tiny.draft), "--target", str(tiny.target), "--rtt-ms", "0,30",
+         "--modes", ",".join(MODES), "--prompts-per-kind", "1", "--max-tokens", "12", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for mode in MODES:
+        assert f"\n{mode} " in done.stdout, mode
+    assert "tokens/s, code" in done.stdout and "adaptive k against the best fixed k" in done.stdout
+    assert "runs" in done.stderr  # the progress bar
+
+    report = json.loads((out / "bench.json").read_text())
+    runs = report["runs"]
+    assert len(runs) == 3 * (4 * 2 + 1) + 3  # 4 networked modes x 2 round trips, offline once, the reference
+    cells = {(c["mode"], c["rtt_ms"], c["prompt_kind"]): c for c in report["summary"]}
+    for rtt in (0.0, 30.0):
+        server, alone, hybrid = (cells[mode, rtt, "all"] for mode in ("server", "k0", "k4"))
+        assert server["passes_per_token"] == 1.0 and alone["passes_per_token"] == 1.0
+        assert hybrid["passes_per_token"] < 1.0 and hybrid["acceptance_by_position"]
+        assert alone["round_trips_per_token"] >= 1.0 > server["round_trips_per_token"]
+        for mode in ("k0", "k4", "auto+ahead"):  # greedy: the target's tokens, whatever the mode
+            assert cells[mode, rtt, "all"]["same_tokens_as_server"] == 3, mode
+    assert cells["offline", 0.0, "all"]["passes_per_token"] == 0.0
+    assert cells["hf-assisted", 0.0, "all"]["passes_per_token"] > 0.0
+    slow = [r for r in runs if r["mode"] == "k0" and r["rtt_ms"] == 30.0]
+    assert all(r["wall_s"] >= r["round_trips"] * 0.030 for r in slow)  # the emulated round trips were paid
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_refuses_bad_choices_clearly(tiny):
+    """An unknown mode or a malformed round-trip list: exit 2 and a message naming the choices."""
+    for flags, words in ((["--modes", "k4,turbo"], "unknown mode(s) turbo"),
+                         (["--rtt-ms", "0,fast"], "--rtt-ms takes comma-separated milliseconds")):
+        done = subprocess.run([SPECWIRE, "bench", "--draft", str(tiny.draft), "--target", str(tiny.target), *flags],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and words in done.stderr, done.stderr
