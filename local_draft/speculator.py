@@ -174,8 +174,11 @@ class Speculator:
     def _draft_ahead(self, context: list[int], k: int, stats: GenerationStats) -> None:
         """While the verdict is in flight: guess the bonus token and draft the block after it."""
         started = time.perf_counter()
-        guess, tokens, dists = self.draft.draft_ahead(context, k, self.params, self.rng,
-                                                      should_stop=self._client.reply_ready)
+        try:
+            guess, tokens, dists = self.draft.draft_ahead(context, k, self.params, self.rng,
+                                                          should_stop=self._client.reply_ready)
+        except DraftModelError:  # no room left in the draft's context: the verdict still comes
+            return
         stats.ahead_s += time.perf_counter() - started
         stats.ahead_drafted += len(tokens)
         self._ahead = DraftedAhead(context + [guess], tokens, dists) if tokens else None
