@@ -86,6 +86,11 @@ class LlamaCppTarget:
             cache.context.kv_cache_seq_rm(0, length, -1)
             cache.length = length
 
+    def release(self, cache: LlamaCache) -> None:
+        """Free the session's context and batch now rather than whenever they are collected."""
+        cache.context.close()
+        cache.batch.close()
+
     def _decode(self, cache: LlamaCache, tokens: list[int], n_logits: int) -> None:
         batch = cache.batch.batch
         batch.n_tokens = len(tokens)
