@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import ssl
+import time
 
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidHandshake
+from websockets.protocol import State
 from websockets.sync.client import ClientConnection, connect
 
 from remote_verify.protocol import (
@@ -30,19 +32,38 @@ log = logging.getLogger(__name__)
 
 SECONDS_PER_NEW_TOKEN = 0.05  # a generous CPU prefill rate for a 1.5B target
 CLOSE_TIMEOUT_S = 2.0  # a live service answers a close at once; do not wait on a dead one
+RATE_LIMIT_RETRIES = 3  # a rate-limited request is sent again after the service's hint, this often
+MAX_RETRY_WAIT_S = 5.0  # and never after more than this
+BUSY_STATUSES = (429, 503)  # full, loading or draining: worth retrying, unlike 401 or 403
 
 
 class VerifyError(RuntimeError):
     """The service refused a request; `code` says why, `fatal` whether the session is over."""
 
-    def __init__(self, code: str, message: str, fatal: bool = False):
+    def __init__(self, code: str, message: str, fatal: bool = False, retry_after_s: float = 0.0):
         super().__init__(message)
         self.code = code
         self.fatal = fatal
+        self.retry_after_s = retry_after_s  # > 0: the request was not run and may be sent again
 
 
 class ServiceUnreachable(RuntimeError):
     """The service could not be reached, or the connection dropped."""
+
+
+class ServiceBusy(ServiceUnreachable):
+    """The service turned the connection away for now (sessions full, loading, draining)."""
+
+    def __init__(self, message: str, retry_after_s: float | None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+def _retry_after(response) -> float | None:
+    try:
+        return float(response.headers.get("Retry-After", ""))
+    except ValueError:
+        return None  # absent, or an HTTP date: let the caller's backoff decide
 
 
 def tls_context(url: str, ca_file: str | None) -> ssl.SSLContext | None:
@@ -74,9 +95,16 @@ class VerifyClient:
                 compression=None))
         except InvalidStatus as exc:
             body = exc.response.body.decode("utf-8", "replace").strip() if exc.response.body else ""
+            if exc.response.status_code in BUSY_STATUSES:
+                raise ServiceBusy(f"the service at {url} is not taking sessions now "
+                                  f"(HTTP {exc.response.status_code}): {body}", _retry_after(exc.response)) from exc
             raise VerifyError("http_" + str(exc.response.status_code),
                               f"the service at {url} refused the connection "
                               f"(HTTP {exc.response.status_code}): {body}", fatal=True) from exc
+        except ssl.SSLCertVerificationError as exc:
+            raise VerifyError("tls_untrusted", f"the certificate of the service at {url} is not trusted "
+                              f"({exc.verify_message}): give the CA that signed it with --ca-file",
+                              fatal=True) from exc
         except (OSError, TimeoutError, InvalidHandshake) as exc:
             raise ServiceUnreachable(
                 f"cannot reach the verification service at {url}: {exc} (is `specwire serve` running?)") from exc
@@ -88,10 +116,29 @@ class VerifyClient:
     def sync(self, request: Sync) -> Synced:
         return self._request(request, Synced, len(request.tokens))
 
+    @property
+    def close_reason(self) -> str | None:
+        return self._ws.close_reason
+
+    @property
+    def closed(self) -> bool:
+        """The connection is closed: the service ended an idle session or is shutting down."""
+        return self._ws.state is State.CLOSED
+
     def close(self) -> None:
         self._exit.close()
 
     def _request(self, message, expected: type, new_tokens: int = 0):
+        for _ in range(RATE_LIMIT_RETRIES):
+            try:
+                return self._exchange(message, expected, new_tokens)
+            except VerifyError as exc:
+                if not exc.retry_after_s > 0:
+                    raise
+                time.sleep(min(exc.retry_after_s, MAX_RETRY_WAIT_S))  # the service did not run it: resend
+        return self._exchange(message, expected, new_tokens)
+
+    def _exchange(self, message, expected: type, new_tokens: int):
         frame = encode(message)
         # A stalled link looks like a slow service: allow the service time for the tokens it
         # must run (a long prompt on a CPU takes seconds), then call the link stalled.
@@ -108,7 +155,7 @@ class VerifyClient:
         self.bytes_received += len(reply_frame)
         reply = decode_server_message(reply_frame)
         if isinstance(reply, Error):
-            raise VerifyError(reply.code, reply.message, reply.fatal)
+            raise VerifyError(reply.code, reply.message, reply.fatal, reply.retry_after_s)
         if not isinstance(reply, expected):
             raise VerifyError("unexpected_reply", f"expected {expected.__name__}, got {type(reply).__name__}", True)
         return reply
