@@ -8,6 +8,7 @@ import os
 import sys
 
 from app import commands
+from app.serve_command import add_service_arguments
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="file holding the bearer token clients must send")
     serve.add_argument("--max-draft", type=int, default=32, help="longest draft block per round")
     serve.add_argument("--max-context", type=int, default=4096, help="longest history per session")
+    add_service_arguments(serve)
     serve.set_defaults(run=commands.serve)
 
     demo = sub.add_parser("demo", help="run the whole pipeline on this machine, target alone vs speculation")
