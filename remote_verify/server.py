@@ -82,6 +82,7 @@ class VerifyService:
         self.limits = config.limits  # capped by the model's own context once it is loaded
         self.fingerprint = ""
         self.state = "loading"  # then "ready", then "draining"
+        self.port: int | None = None  # once listening
         self.metrics = ServiceMetrics()
         self.queue = DeviceQueue("target")  # one per device
         self.metrics.queue_depth.set_function(lambda: self.queue.depth)
@@ -112,11 +113,12 @@ class VerifyService:
                 ping_interval=self.config.ping_interval_s,
                 ssl=self.config.tls,
             ) as server:
+                self.port = server.sockets[0].getsockname()[1]  # open: /healthz answers while loading
                 if not await self._load_target():
                     return
                 self.state = "ready"
                 self.metrics.ready.set(1)
-                on_ready(self._url(server.sockets[0].getsockname()[1]))
+                on_ready(self._url(self.port))
                 await self._stopping
                 await self._drain()
         finally:
