@@ -96,6 +96,8 @@ class LoadReport:
     rss_peak_mib: float
     rss_after_mib: float
     sessions_open_after: float
+    prompts: list[list[int]] = field(default_factory=list)
+    references: list[list[int]] = field(default_factory=list)  # each prompt continued by the target alone
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -226,7 +228,7 @@ def run_load(target: Path, draft_path: Path, backend: str = "llamacpp", sessions
         round_trip_s=percentiles([s[0] for s in samples]), queue_s=percentiles([s[1] for s in samples]),
         service_s=percentiles([s[2] for s in samples]),
         rss_before_mib=before / MIB, rss_peak_mib=max(peak) / MIB, rss_after_mib=after / MIB,
-        sessions_open_after=open_after)
+        sessions_open_after=open_after, prompts=prompts, references=references)
 
 
 def wait_until_closed(service: Service, timeout_s: float = 30.0) -> float:

@@ -37,7 +37,7 @@ def read_client_frame(frame: bytes | str) -> ClientMessage:
             raise BadFrame("unknown_message", f"unknown message type {repr(kind)[:60]}: send one of "
                            f"{', '.join(CLIENT_TYPES)}") from exc
         raise BadFrame("bad_field", f"invalid {kind} message: {exc}") from exc
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, ValueError) as exc:  # ValueError: invalid UTF-8 in a string, among others
         raise BadFrame("bad_frame", f"could not decode the frame as msgpack: {exc}") from exc
 
 
@@ -45,7 +45,7 @@ def _message_type(frame: bytes) -> object | None:
     """The 'type' of a frame that is a msgpack map with one, else None (only on the error path)."""
     try:
         raw = msgspec.msgpack.decode(frame)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, ValueError):  # ValueError: invalid UTF-8 in a string
         return None
     if isinstance(raw, dict) and "type" in raw:
         return raw["type"]

@@ -261,6 +261,9 @@ class VerifyService:
             message = read_client_frame(frame)
         except BadFrame as exc:
             return Error(exc.code, exc.message)
+        except Exception as exc:  # a decoder corner not classified above: still only a bad frame
+            slog.warning("undecodable frame (%s: %s)", type(exc).__name__, exc)
+            return Error("bad_frame", f"could not decode the frame: {type(exc).__name__}")
         seq = getattr(message, "seq", 0)
         try:
             if isinstance(message, Verify):
@@ -302,7 +305,7 @@ class VerifyService:
             return None
         try:
             hello = read_client_frame(frame)
-        except BadFrame as exc:
+        except Exception as exc:  # BadFrame, or a decoder corner not classified
             await self._refuse(ws, CLOSE_PROTOCOL_ERROR, "bad_hello", f"the first message must be a Hello: {exc}")
             return None
         if not isinstance(hello, Hello):
