@@ -74,12 +74,17 @@ class DeviceQueue:
             self._ready.notify()
         return await item.future
 
-    def shutdown(self) -> None:
-        """Finish the items already queued, then stop the worker thread."""
+    def shutdown(self, wait: bool = True) -> None:
+        """Take no more work; the worker finishes the items already queued, then stops.
+
+        With wait=False the caller does not wait for that (a model still loading at exit:
+        the worker is a daemon thread and ends with the process).
+        """
         with self._ready:
             self._closed = True
             self._ready.notify()
-        self._thread.join()
+        if wait:
+            self._thread.join()
 
     def _next(self) -> _Item | None:
         with self._ready:

@@ -122,7 +122,8 @@ class VerifyService:
                 await self._stopping
                 await self._drain()
         finally:
-            await loop.run_in_executor(None, self.queue.shutdown)
+            # stopped while loading: do not wait minutes for a model nobody will use
+            await loop.run_in_executor(None, partial(self.queue.shutdown, wait=self.state != "loading"))
 
     def stop(self) -> None:
         """Ask a running service to shut down; safe to call from any thread."""

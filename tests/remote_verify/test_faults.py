@@ -111,3 +111,25 @@ def test_shutdown_finishes_rounds_in_flight_then_says_going_away(llamacpp_target
         idle.close()
         busy.close()
     assert not running.thread.is_alive()
+
+
+def test_a_stop_while_the_target_loads_ends_the_service_at_once(llamacpp_target):
+    """SIGTERM during a long model load stops the service without waiting for the load."""
+    import asyncio
+
+    from remote_verify.server import ServiceConfig, VerifyService
+
+    release = threading.Event()
+    service = VerifyService(lambda: release.wait(60) and llamacpp_target, ServiceConfig(port=0))
+    ready = []
+    thread = threading.Thread(target=lambda: asyncio.run(service.run(ready.append, handle_signals=False)),
+                              daemon=True)
+    thread.start()
+    try:
+        assert wait_for(lambda: service.port is not None)
+        started = time.monotonic()
+        service.stop()
+        thread.join(10)
+        assert not thread.is_alive() and time.monotonic() - started < 5 and ready == []
+    finally:
+        release.set()

@@ -30,6 +30,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from benchmarks.load import rss_bytes
+from local_draft.draft_model import DraftModel
 from local_draft.speculator import Speculator
 from local_draft.verify_client import VerifyClient
 from remote_verify.protocol import (
@@ -171,10 +172,12 @@ def test_ten_thousand_fuzzed_frames_leave_the_service_healthy(fuzzed_service, cl
     references = [target_alone(llamacpp_target, prompt, 24) for prompt in prompts]
     stop, neighbour = threading.Event(), {"generations": 0, "problems": []}
 
+    drafter = DraftModel(close_draft.path, n_ctx=1024, n_threads=1)  # one core is left to the fuzzer
+
     def keep_generating():
         try:
-            client = VerifyClient(url, hello_for(close_draft))
-            speculator = Speculator(close_draft, client, SamplingParams(), k=4)
+            client = VerifyClient(url, hello_for(drafter))
+            speculator = Speculator(drafter, client, SamplingParams(), k=4)
             while not stop.wait(NEIGHBOUR_PAUSE_S):
                 which = neighbour["generations"] % len(prompts)
                 tokens = speculator.generate(prompts[which], 24).token_ids
