@@ -72,8 +72,8 @@ unknown_types = st.fixed_dictionaries({"type": st.one_of(st.text(max_size=10), a
 
 def hello_dicts(real: dict) -> st.SearchStrategy[dict]:
     """Hellos close to the real one: each field kept or replaced by an edge case."""
-    def field(name, other):
-        return st.one_of(st.just(real[name]), other)
+    def field(name, other):  # mostly the real value, so that the checks after it are reached
+        return st.one_of(st.just(real[name]), st.just(real[name]), st.just(real[name]), other)
 
     return st.fixed_dictionaries({
         "type": st.just("hello"),
@@ -159,6 +159,9 @@ def fuzzed_service(tiny, tmp_path_factory):
     process.wait()
 
 
+# Hypothesis notices the global `random` state moving while it draws: that is the neighbour
+# thread's WebSocket keepalive (ping payloads), not the strategies.
+@pytest.mark.filterwarnings("ignore:Do not use the `random` module inside strategies")
 def test_ten_thousand_fuzzed_frames_leave_the_service_healthy(fuzzed_service, close_draft, llamacpp_target):
     """Over 10,000 frames: each answered, no internal error, every fatal error closed with a
     protocol code; a parallel session keeps generating the target's own tokens throughout;
@@ -200,8 +203,13 @@ def test_ten_thousand_fuzzed_frames_leave_the_service_healthy(fuzzed_service, cl
     @given(data=st.data())
     def one_connection(data):
         state = SessionState()
-        fuzz_hello = data.draw(st.integers(0, 9)) == 0
-        hello = msgspec.msgpack.encode(data.draw(hello_dicts(real_hello)) if fuzz_hello else real_hello)
+        opening = data.draw(st.integers(0, 9))  # 0: a fuzzed Hello, 1: anything but a Hello first
+        if opening == 0:
+            hello = msgspec.msgpack.encode(data.draw(hello_dicts(real_hello)))
+        elif opening == 1:
+            hello = any_frame(data, state, real_hello)
+        else:
+            hello = msgspec.msgpack.encode(real_hello)
         frames = data.draw(st.integers(30, 60))
         with connect(url, subprotocols=[SUBPROTOCOL], max_size=None) as ws:
             pending_close = exchange(ws, hello, state)
