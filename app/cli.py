@@ -40,8 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=int(env("SPECWIRE_PORT", "8765")), help="0 picks a free port")
     serve.add_argument("--token-file", default=env("SPECWIRE_TOKEN_FILE"),
                        help="file holding the bearer token clients must send")
-    serve.add_argument("--max-draft", type=int, default=32, help="longest draft block per round")
-    serve.add_argument("--max-context", type=int, default=4096, help="longest history per session")
+    serve.add_argument("--max-draft", type=int, default=32, help="longest draft block per round (default: %(default)s)")
+    serve.add_argument("--max-context", type=int, default=4096,
+                       help="longest history per session (default: %(default)s)")
     add_service_arguments(serve)
     serve.set_defaults(run=commands.serve)
 

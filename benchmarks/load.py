@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -55,6 +56,15 @@ def percentiles(values: list[float], points=(50, 90, 99)) -> dict[str, float]:
     if not ordered:
         return {f"p{p}": 0.0 for p in points}
     return {f"p{p}": ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))] for p in points}
+
+
+def pin_to_one_cpu() -> None:
+    """Run this process on one CPU, leaving the others to the clients: llama.cpp's threads wait
+    for each other by spinning, and on an oversubscribed machine every forward pass pays for it.
+    (A `preexec_fn` for the service's child process; Linux.)"""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) > 1:
+        os.sched_setaffinity(0, {cpus[-1]})
 
 
 class TimedClient(VerifyClient):
@@ -106,11 +116,11 @@ class LoadReport:
 class Service:
     """`specwire serve` in a child process."""
 
-    def __init__(self, target: Path, backend: str, max_sessions: int):
+    def __init__(self, target: Path, backend: str, max_sessions: int, pinned: bool = False):
         self.process = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "serve", "--target", str(target), "--backend", backend,
              "--port", "0", "--max-sessions", str(max_sessions)],
-            stdout=subprocess.PIPE, text=True)
+            stdout=subprocess.PIPE, text=True, preexec_fn=pin_to_one_cpu if pinned else None)
         line = self.process.stdout.readline()
         if not line.startswith("listening on "):
             self.process.kill()
@@ -203,8 +213,8 @@ def run_wave(url: str, draft_path: Path, prompts, references, sessions: int, rou
 
 
 def run_load(target: Path, draft_path: Path, backend: str = "llamacpp", sessions: int = 32, rounds: int = 50,
-             k: int = 4, max_tokens: int = 48, warmup_rounds: int = 4) -> LoadReport:
-    service = Service(target, backend, max_sessions=sessions)
+             k: int = 4, max_tokens: int = 48, warmup_rounds: int = 4, pin_service: bool = False) -> LoadReport:
+    service = Service(target, backend, max_sessions=sessions, pinned=pin_service)
     try:
         tokenizer = DraftModel(draft_path, n_ctx=1024, n_threads=1)
         prompts = [tokenizer.tokenize(text) for text in PROMPTS]
@@ -248,6 +258,7 @@ def main() -> None:
     parser.add_argument("--backend", default="llamacpp", choices=["llamacpp", "torch"])
     parser.add_argument("--target", help="target model (default: the tiny one)")
     parser.add_argument("--draft", help="draft model GGUF (default: the tiny one)")
+    parser.add_argument("--pin-service", action="store_true", help="run the service on one CPU (Linux)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
@@ -258,7 +269,7 @@ def main() -> None:
             target = tiny.target_gguf if args.backend == "llamacpp" else tiny.target
             args.target, args.draft = args.target or target, args.draft or tiny.draft
         report = run_load(Path(args.target), Path(args.draft), args.backend, args.sessions, args.rounds, args.k,
-                          args.max_tokens)
+                          args.max_tokens, pin_service=args.pin_service)
     if args.json:
         print(json.dumps(report.as_dict(), indent=1))
         return

@@ -16,7 +16,8 @@ def test_help_names_every_limit_with_its_default(capsys):
     defaults = ServiceLimits()
     for flag, value in (("--max-frame-bytes", defaults.max_frame_bytes), ("--max-sessions", defaults.max_sessions),
                         ("--idle-timeout", defaults.idle_timeout_s), ("--rate", defaults.rate_per_s),
-                        ("--rate-burst", defaults.rate_burst), ("--drain-timeout", defaults.drain_timeout_s)):
+                        ("--rate-burst", defaults.rate_burst), ("--drain-timeout", defaults.drain_timeout_s),
+                        ("--max-draft", 32), ("--max-context", 4096)):
         assert flag in text and f"(default: {value})" in text[text.index(flag):], flag
     for flag in ("--tls-cert", "--tls-key", "--insecure-no-auth", "--log-format"):
         assert flag in text

@@ -87,7 +87,7 @@ def test_generate_verifies_over_wss_with_the_ca_file(tiny, tls_files):
                                  timeout=120)
         assert trusted.returncode == 0, trusted.stderr
         stats = json.loads(trusted.stdout)["stats"]
-        assert stats["rounds"] >= 1 and stats["offline"] == 0 and stats["bytes_received"] > 0
+        assert stats["rounds"] >= 1 and stats["offline"] == 0 and stats["bytes_received"] > 0, (stats, trusted.stderr)
         untrusted = subprocess.run(generate, capture_output=True, text=True, timeout=120)
         assert untrusted.returncode == 2
         assert "not trusted" in untrusted.stderr and "--ca-file" in untrusted.stderr

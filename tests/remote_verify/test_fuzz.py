@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from benchmarks.load import rss_bytes
+from benchmarks.load import pin_to_one_cpu, rss_bytes
 from local_draft.draft_model import DraftModel
 from local_draft.speculator import Speculator
 from local_draft.verify_client import VerifyClient
@@ -149,7 +149,8 @@ def any_frame(data: st.DataObject, state: SessionState, real_hello: dict) -> byt
 def fuzzed_service(tiny, tmp_path_factory):
     log_file = tmp_path_factory.mktemp("fuzz") / "serve.log"
     process = subprocess.Popen([SPECWIRE, "serve", "--target", str(tiny.target_gguf), "--port", "0"],
-                               stdout=subprocess.PIPE, stderr=log_file.open("w"), text=True)
+                               stdout=subprocess.PIPE, stderr=log_file.open("w"), text=True,
+                               preexec_fn=pin_to_one_cpu)  # the fuzzer and its neighbour get the rest
     line = process.stdout.readline()
     assert line.startswith("listening on ws://"), line
     yield process, line.split()[-1]

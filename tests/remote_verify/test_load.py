@@ -12,7 +12,8 @@ def test_32_sessions_of_50_rounds_match_the_target_alone_and_give_back_their_mem
     """No errors; every reply equals the target alone; the service's memory rises with the
     sessions' KV caches and returns to its baseline once they close. (Latency percentiles are
     printed by `python -m benchmarks.load`, not asserted: the machine is shared.)"""
-    report = run_load(tiny.target_gguf, tiny.draft, backend="llamacpp", sessions=32, rounds=50, k=4, max_tokens=48)
+    report = run_load(tiny.target_gguf, tiny.draft, backend="llamacpp", sessions=32, rounds=50, k=4, max_tokens=48,
+                      pin_service=True)  # one CPU for the service, the other for the 32 drafters
 
     assert report.errors == [] and report.mismatches == []
     assert report.sessions == 32 and report.min_rounds >= 50 and report.rounds >= 32 * 50
