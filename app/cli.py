@@ -8,6 +8,7 @@ import os
 import sys
 
 from app import commands
+from app.serve_command import add_service_arguments
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,8 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=int(env("SPECWIRE_PORT", "8765")), help="0 picks a free port")
     serve.add_argument("--token-file", default=env("SPECWIRE_TOKEN_FILE"),
                        help="file holding the bearer token clients must send")
-    serve.add_argument("--max-draft", type=int, default=32, help="longest draft block per round")
-    serve.add_argument("--max-context", type=int, default=4096, help="longest history per session")
+    serve.add_argument("--max-draft", type=int, default=32, help="longest draft block per round (default: %(default)s)")
+    serve.add_argument("--max-context", type=int, default=4096,
+                       help="longest history per session (default: %(default)s)")
+    add_service_arguments(serve)
     serve.set_defaults(run=commands.serve)
 
     demo = sub.add_parser("demo", help="run the whole pipeline on this machine, target alone vs speculation")

@@ -109,28 +109,9 @@ def resolve_model(args: argparse.Namespace, role: str) -> str:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from remote_verify.backends import load_backend
-    from remote_verify.server import ServiceConfig, VerifyService
-    from remote_verify.session import SessionLimits
+    from app.serve_command import run_serve
 
-    token = read_token_file(args.token_file)
-    target = resolve_model(args, "target")
-    try:
-        backend = load_backend(args.backend, target, device=args.device)
-    except (FileNotFoundError, OSError, ValueError, RuntimeError) as exc:
-        raise UserError(f"cannot load the target {target}: {exc}") from exc
-    config = ServiceConfig(host=args.host, port=args.port, token=token,
-                           limits=SessionLimits(max_draft=args.max_draft, max_context=args.max_context))
-    service = VerifyService(backend, config)
-
-    def announce(url: str) -> None:
-        print(f"listening on {url}", flush=True)
-
-    try:
-        asyncio.run(service.run(announce))
-    except OSError as exc:
-        raise UserError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from exc
-    return 0
+    return run_serve(args)
 
 
 def generate(args: argparse.Namespace) -> int:
@@ -168,7 +149,7 @@ def generate(args: argparse.Namespace) -> int:
 
     prompt = draft.tokenize(args.prompt)
     if mode == "server":
-        generator = ServerOnlyGenerator(link.current(), draft.eos_id)
+        generator = ServerOnlyGenerator(link, draft.eos_id)
     else:
         generator = Speculator(draft, link, params, k=args.k, seed=args.seed, pipeline=args.pipeline)
     provenance_runs: list[list] = []  # [provenance, count] runs: which tokens were verified

@@ -3,7 +3,9 @@
 No draft model runs: this is the baseline a user would otherwise pick (one request, a
 stream of tokens, one target forward pass per token), and the way for a client that
 cannot run a drafter. Tokens are reported with provenance "target". The client keeps the
-history, as in the speculation loop, so the service's copy is rebuilt by Sync when needed.
+history, as in the speculation loop, so the service's copy is rebuilt by Sync when needed,
+and a stream cut short by a lost or draining service goes on from where it stopped once
+the link has a connection again (any replica will do).
 """
 
 from __future__ import annotations
@@ -12,29 +14,53 @@ import time
 from typing import Sequence
 
 from local_draft.generation_stats import Generation, GenerationStats
-from local_draft.speculator import OnCommit, ShouldStop
-from local_draft.verify_client import VerifyClient, VerifyError
+from local_draft.service_link import ServiceLink
+from local_draft.speculator import FixedLink, OnCommit, ShouldStop
+from local_draft.verify_client import ServiceUnreachable, VerifyClient, VerifyError
 from remote_verify.protocol import Cancel, Generate, Generated, Sync
 
 STOP_REASONS = {"cancelled": "stopped"}  # the service's word -> the speculation loop's
+INTERRUPTED = ("going_away", "lost")  # the stream ended before its end: continue elsewhere
 
 
 class ServerOnlyGenerator:
-    def __init__(self, client: VerifyClient, eos_id: int):
-        self.client = client
+    def __init__(self, link: ServiceLink | VerifyClient, eos_id: int, resume_within_s: float = 30.0):
+        self.link = FixedLink(link) if isinstance(link, VerifyClient) else link
         self.eos_id = eos_id
+        self.resume_within_s = resume_within_s  # how long to wait for a lost service to come back
         self.stats = GenerationStats()  # the generation in progress (or the last one), live
+        self._client: VerifyClient | None = None  # the connection _service_history refers to
         self._service_history: list[int] = []  # what the service holds, as far as we know
         self._seq = 0
 
     def generate(self, context: Sequence[int], max_tokens: int, on_commit: OnCommit | None = None,
                  should_stop: ShouldStop | None = None) -> Generation:
         """Continue `context` by up to max_tokens tokens, all made by the target."""
-        history = list(context)
         stats = self.stats = GenerationStats()
-        sent0, received0 = self.client.bytes_sent, self.client.bytes_received
-        frame = self._start(history, max_tokens, stats)
         new: list[int] = []
+        while True:
+            client = self._current_client()
+            sent0, received0 = client.bytes_sent, client.bytes_received
+            try:
+                reason = self._stream(client, list(context) + new, max_tokens - len(new), new, on_commit,
+                                      should_stop)
+            except ServiceUnreachable as exc:
+                self._forget_client()
+                self.link.lost(str(exc))  # a bare client (FixedLink) raises here
+                reason = "lost"
+            stats.bytes_sent += client.bytes_sent - sent0
+            stats.bytes_received += client.bytes_received - received0
+            if reason not in INTERRUPTED or len(new) >= max_tokens:
+                break
+        stats.wall_s = time.perf_counter() - stats.started_at
+        stats.verify_s = stats.wall_s  # the whole generation is spent waiting on the service
+        return Generation(new, STOP_REASONS.get(reason, reason), stats)
+
+    def _stream(self, client: VerifyClient, history: list[int], max_tokens: int, new: list[int],
+                on_commit: OnCommit | None, should_stop: ShouldStop | None) -> str:
+        """One Generate and its stream of frames; returns the service's stop reason."""
+        stats = self.stats
+        frame = self._start(client, history, max_tokens)
         cancelled = False
         while True:
             stats.service_s += frame.forward_s + frame.queue_s
@@ -42,43 +68,53 @@ class ServerOnlyGenerator:
             stats.queue_s += frame.queue_s
             if frame.tokens:
                 new += frame.tokens
+                history += frame.tokens
                 stats.record_round(0, 0, len(frame.tokens))  # one forward pass per token
                 if on_commit:
                     on_commit(list(frame.tokens), ["target"] * len(frame.tokens))
             if frame.done:
-                stop_reason = STOP_REASONS.get(frame.stop_reason, frame.stop_reason)
-                break
+                self._service_history = history
+                return frame.stop_reason
             if not cancelled and should_stop is not None and should_stop():
-                self.client.send_cancel(Cancel(seq=self._seq))
+                client.send_cancel(Cancel(seq=self._seq))
                 cancelled = True
-            frame = self.client.receive_generated()
-        self._service_history = history + new
-        stats.wall_s = time.perf_counter() - stats.started_at
-        stats.verify_s = stats.wall_s  # the whole generation is spent waiting on the service
-        stats.bytes_sent = self.client.bytes_sent - sent0
-        stats.bytes_received = self.client.bytes_received - received0
-        return Generation(new, stop_reason, stats)
+            frame = client.receive_generated()
 
-    def _start(self, history: list[int], max_tokens: int, stats: GenerationStats) -> Generated:
+    def _start(self, client: VerifyClient, history: list[int], max_tokens: int) -> Generated:
         """Send Generate (after a Sync if the service's copy may differ); returns the first frame."""
         for attempt in range(2):
             if attempt or self._service_history != history[: len(self._service_history)]:
-                self._sync(history, stats)
+                self._sync(client, history)
             self._seq += 1
             known = len(self._service_history)
             self._service_history = []  # unknown until the stream ends
-            self.client.send_generate(Generate(seq=self._seq, committed_len=known, append=history[known:],
-                                               max_tokens=max_tokens, stop_ids=[self.eos_id]))
-            stats.round_trips += 1
+            client.send_generate(Generate(seq=self._seq, committed_len=known, append=history[known:],
+                                          max_tokens=max_tokens, stop_ids=[self.eos_id]))
+            self.stats.round_trips += 1
             try:
-                return self.client.receive_generated()
+                return client.receive_generated(first=True)
             except VerifyError as exc:
                 if attempt or exc.fatal or exc.code not in ("stale_state", "bad_seq"):
                     raise  # the service lost track of us once: rebuild its copy and retry
 
-    def _sync(self, history: list[int], stats: GenerationStats) -> None:
+    def _sync(self, client: VerifyClient, history: list[int]) -> None:
         self._seq += 1
-        self.client.sync(Sync(seq=self._seq, tokens=list(history)))
+        client.sync(Sync(seq=self._seq, tokens=list(history)))
         self._service_history = list(history)
-        stats.syncs += 1
-        stats.round_trips += 1
+        self.stats.syncs += 1
+        self.stats.round_trips += 1
+
+    def _current_client(self) -> VerifyClient:
+        """The link's live connection, waiting up to resume_within_s for one while it reconnects."""
+        deadline = time.monotonic() + self.resume_within_s
+        while (client := self.link.current()) is None:
+            if time.monotonic() > deadline:
+                raise ServiceUnreachable(f"the verification service did not come back within "
+                                         f"{self.resume_within_s:g} s")
+            time.sleep(0.05)
+        if client is not self._client:  # a new connection is a new, empty session
+            self._client, self._service_history, self._seq = client, [], 0
+        return client
+
+    def _forget_client(self) -> None:
+        self._client, self._service_history, self._seq = None, [], 0

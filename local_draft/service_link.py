@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from local_draft.verify_client import ServiceUnreachable, VerifyClient, VerifyError
+from local_draft.verify_client import ServiceBusy, ServiceUnreachable, VerifyClient, VerifyError
 from remote_verify.protocol import Hello
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,29 @@ class ServiceLink:
 
     def current(self) -> VerifyClient | None:
         """The live client, or None while the service is down."""
+        client = self._client
+        if client is not None and client.closed:
+            self._replace_closed(client)
         return self._client
+
+    def _replace_closed(self, client: VerifyClient) -> None:
+        """The service closed the connection between rounds (an idle session, a drain): connect
+        again at once, so that the next round is verified, and fall back to reconnecting in the
+        background if that fails."""
+        try:
+            fresh = VerifyClient(**self._connect_args)
+        except (ServiceUnreachable, VerifyError) as exc:
+            self.lost(f"the service closed the session and did not take a new one: {exc}")
+            return
+        with self._lock:
+            if self._client is not client or self._closed.is_set():
+                fresh.close()
+                return
+            self._client = fresh
+            self.connections += 1
+        client.close()
+        log.info("the service closed the session (%s); opened a new one", client.close_reason or "no reason")
+        self._notify(LinkState(True, f"reconnected to {self.url}"))
 
     def lost(self, reason: str) -> None:
         """The service stopped answering: drop the client and reconnect in the background."""
@@ -100,6 +122,10 @@ class ServiceLink:
                 return
             try:
                 client = VerifyClient(**self._connect_args)
+            except ServiceBusy as exc:  # full or draining: wait at least as long as it asks
+                if exc.retry_after_s and exc.retry_after_s > delay and self._closed.wait(exc.retry_after_s - delay):
+                    return
+                continue
             except ServiceUnreachable:
                 continue
             except VerifyError as exc:  # refused for good (token, vocabulary): stop trying

@@ -14,6 +14,7 @@ import ssl
 import time
 
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidHandshake
+from websockets.protocol import State
 from websockets.sync.client import ClientConnection, connect
 
 from remote_verify.protocol import (
@@ -36,19 +37,38 @@ log = logging.getLogger(__name__)
 
 SECONDS_PER_NEW_TOKEN = 0.05  # a generous CPU prefill rate for a 1.5B target
 CLOSE_TIMEOUT_S = 2.0  # a live service answers a close at once; do not wait on a dead one
+RATE_LIMIT_RETRIES = 3  # a rate-limited request is sent again after the service's hint, this often
+MAX_RETRY_WAIT_S = 5.0  # and never after more than this
+BUSY_STATUSES = (429, 503)  # full, loading or draining: worth retrying, unlike 401 or 403
 
 
 class VerifyError(RuntimeError):
     """The service refused a request; `code` says why, `fatal` whether the session is over."""
 
-    def __init__(self, code: str, message: str, fatal: bool = False):
+    def __init__(self, code: str, message: str, fatal: bool = False, retry_after_s: float = 0.0):
         super().__init__(message)
         self.code = code
         self.fatal = fatal
+        self.retry_after_s = retry_after_s  # > 0: the request was not run and may be sent again
 
 
 class ServiceUnreachable(RuntimeError):
     """The service could not be reached, or the connection dropped."""
+
+
+class ServiceBusy(ServiceUnreachable):
+    """The service turned the connection away for now (sessions full, loading, draining)."""
+
+    def __init__(self, message: str, retry_after_s: float | None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+def _retry_after(response) -> float | None:
+    try:
+        return float(response.headers.get("Retry-After", ""))
+    except ValueError:
+        return None  # absent, or an HTTP date: let the caller's backoff decide
 
 
 def tls_context(url: str, ca_file: str | None) -> ssl.SSLContext | None:
@@ -74,6 +94,7 @@ class VerifyClient:
         self._early_reply: bytes | None = None  # a reply read by reply_ready(), not yet consumed
         self._reply_timeout = stall_timeout_s
         self._sent_at = 0.0
+        self._in_flight: tuple = (None, 0)  # the last request sent and its new tokens, to resend
         headers = {"Authorization": f"Bearer {token}"} if token else None
         self._exit = contextlib.ExitStack()  # websockets wants connect() used as a context
         try:
@@ -83,9 +104,16 @@ class VerifyClient:
                 compression=None))
         except InvalidStatus as exc:
             body = exc.response.body.decode("utf-8", "replace").strip() if exc.response.body else ""
+            if exc.response.status_code in BUSY_STATUSES:
+                raise ServiceBusy(f"the service at {url} is not taking sessions now "
+                                  f"(HTTP {exc.response.status_code}): {body}", _retry_after(exc.response)) from exc
             raise VerifyError("http_" + str(exc.response.status_code),
                               f"the service at {url} refused the connection "
                               f"(HTTP {exc.response.status_code}): {body}", fatal=True) from exc
+        except ssl.SSLCertVerificationError as exc:
+            raise VerifyError("tls_untrusted", f"the certificate of the service at {url} is not trusted "
+                              f"({exc.verify_message}): give the CA that signed it with --ca-file",
+                              fatal=True) from exc
         except (OSError, TimeoutError, InvalidHandshake, ConnectionClosed) as exc:
             # ConnectionClosed: dropped mid-handshake, as by a proxy in front of a dead service
             raise ServiceUnreachable(
@@ -112,14 +140,15 @@ class VerifyClient:
         return True
 
     def receive_verdict(self) -> Verdict:
-        return self._receive(Verdict)
+        return self._receive_retrying(Verdict)
 
     def send_generate(self, request: Generate) -> None:
         """Start a server-only generation; its tokens come back through receive_generated()."""
         self._send(request, len(request.append))
 
-    def receive_generated(self) -> Generated:
-        frame = self._receive(Generated)
+    def receive_generated(self, first: bool = False) -> Generated:
+        """The next frame of the stream; only the first may be a refusal worth retrying."""
+        frame = self._receive_retrying(Generated) if first else self._receive(Generated)
         # the next frame is one more token away
         self._sent_at = time.monotonic()
         self._reply_timeout = self.stall_timeout_s + SECONDS_PER_NEW_TOKEN
@@ -136,14 +165,36 @@ class VerifyClient:
     def sync(self, request: Sync) -> Synced:
         return self._request(request, Synced, len(request.tokens))
 
+    @property
+    def close_reason(self) -> str | None:
+        return self._ws.close_reason
+
+    @property
+    def closed(self) -> bool:
+        """The connection is closed: the service ended an idle session or is shutting down."""
+        return self._ws.state is State.CLOSED
+
     def close(self) -> None:
         self._exit.close()
 
     def _request(self, message, expected: type, new_tokens: int = 0):
         self._send(message, new_tokens)
+        return self._receive_retrying(expected)
+
+    def _receive_retrying(self, expected: type):
+        """The reply to the request in flight; a rate-limited request is sent again after the hint."""
+        for _ in range(RATE_LIMIT_RETRIES):
+            try:
+                return self._receive(expected)
+            except VerifyError as exc:
+                if not exc.retry_after_s > 0:
+                    raise
+                time.sleep(min(exc.retry_after_s, MAX_RETRY_WAIT_S))  # the service did not run it: resend
+                self._send(*self._in_flight)
         return self._receive(expected)
 
     def _send(self, message, new_tokens: int) -> None:
+        self._in_flight = (message, new_tokens)
         frame = encode(message)
         # A stalled link looks like a slow service: allow the service time for the tokens it
         # must run (a long prompt on a CPU takes seconds), then call the link stalled.
@@ -170,7 +221,7 @@ class VerifyClient:
         self.bytes_received += len(reply_frame)
         reply = decode_server_message(reply_frame)
         if isinstance(reply, Error):
-            raise VerifyError(reply.code, reply.message, reply.fatal)
+            raise VerifyError(reply.code, reply.message, reply.fatal, reply.retry_after_s)
         if not isinstance(reply, expected):
             raise VerifyError("unexpected_reply", f"expected {expected.__name__}, got {type(reply).__name__}", True)
         return reply

@@ -25,6 +25,8 @@ PROTOCOL_VERSION = 1
 # Close codes (4000-4999 are free for applications).
 CLOSE_PROTOCOL_ERROR = 4400
 CLOSE_VOCAB_MISMATCH = 4409
+CLOSE_IDLE_TIMEOUT = 4408  # the session sent nothing for too long; reconnect and Sync
+CLOSE_GOING_AWAY = 1001  # the service is shutting down; reconnect (any replica will do)
 
 
 class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
@@ -135,6 +137,8 @@ class Welcome(msgspec.Struct, tag="welcome"):
     target: str = ""
     capabilities: list[str] = []
     protocol: int = PROTOCOL_VERSION
+    max_frame_bytes: int = 0  # 0: not stated
+    idle_timeout_s: float = 0.0  # a session silent this long is closed (0: not stated)
 
 
 class Verdict(msgspec.Struct, tag="verdict"):
@@ -150,6 +154,7 @@ class Verdict(msgspec.Struct, tag="verdict"):
     committed_len: int
     forward_s: float = 0.0  # the target's forward pass for this round
     accept_s: float = 0.0  # the acceptance step
+    queue_s: float = 0.0  # from the frame's arrival to the start of its forward pass
 
 
 class Synced(msgspec.Struct, tag="synced"):
@@ -164,6 +169,7 @@ class Error(msgspec.Struct, tag="error"):
     message: str
     seq: int = 0
     fatal: bool = False
+    retry_after_s: float = 0.0  # > 0: the request was not run; send it again after this long
 
 
 class Generated(msgspec.Struct, tag="generated"):

@@ -1,29 +1,42 @@
 """The verification service: a WebSocket server that runs sessions against one target.
 
-Auth and `/healthz` are answered in `process_request`, before the upgrade. Each
-connection is one session; its model work runs off the event loop on the device's single
-worker thread, so the loop keeps answering pings and other clients while a forward pass
-runs. SIGINT/SIGTERM close the listener and every connection with "going away".
+Plain HTTP on the same port: `/healthz` (200 once the target is loaded, 503 while it
+loads or drains) and `/metrics` (Prometheus). Auth and the admission limits are applied
+in `process_request`, before the upgrade. Each connection is one session; its model work
+goes through the device's queue (one worker thread, sessions in turn), so the event loop
+keeps answering pings, health checks and other clients while a forward pass runs.
+
+SIGINT/SIGTERM drain: new sessions are refused, rounds in flight finish and are answered,
+then every connection is closed with 1001 (going away) and the client reconnects, to this
+service when it is back or to any other replica. A second signal stops without waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import http
 import logging
 import signal
-from concurrent.futures import ThreadPoolExecutor
+import ssl
+import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
-import msgspec
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
+from websockets.protocol import State
 
+from remote_verify.access import bearer_problem
 from remote_verify.backends import TargetBackend
+from remote_verify.frames import BadFrame, hello_problems, read_client_frame
+from remote_verify.limits import ServiceLimits, TokenBucket
+from remote_verify.logs import session_log
+from remote_verify.metrics import ServiceMetrics
 from remote_verify.protocol import (
+    CLOSE_GOING_AWAY,
+    CLOSE_IDLE_TIMEOUT,
     CLOSE_PROTOCOL_ERROR,
     CLOSE_VOCAB_MISMATCH,
     SUBPROTOCOL,
@@ -34,14 +47,16 @@ from remote_verify.protocol import (
     Sync,
     Verify,
     Welcome,
-    decode_client_message,
     encode,
     vocab_fingerprint,
 )
+from remote_verify.scheduler import DeviceQueue, QueueClosed
 from remote_verify.session import Session, SessionError, SessionLimits
 from remote_verify.streaming import ServerOnlyStream
 
 log = logging.getLogger(__name__)
+
+TargetLoader = Callable[[], TargetBackend]
 
 
 @dataclass(frozen=True)
@@ -49,46 +64,70 @@ class ServiceConfig:
     host: str = "127.0.0.1"
     port: int = 8765
     token: str | None = None  # bearer token; None accepts every client (loopback use)
-    max_frame_bytes: int = 4 * 1024 * 1024  # a 32-token sampled draft is ~20 KiB
+    tls: ssl.SSLContext | None = None  # serve wss:// with this context
     hello_timeout_s: float = 10.0  # a client must introduce itself promptly
     ping_interval_s: float = 20.0
-    limits: SessionLimits = SessionLimits()
+    limits: SessionLimits = SessionLimits()  # per round: draft length, context
+    service_limits: ServiceLimits = ServiceLimits()  # per service and connection
+
+
+class TargetLoadError(RuntimeError):
+    """The target model could not be loaded; the service stopped without serving."""
 
 
 class VerifyService:
-    def __init__(self, backend: TargetBackend, config: ServiceConfig):
-        self.backend = backend
+    def __init__(self, backend: TargetBackend | TargetLoader, config: ServiceConfig):
+        """`backend` is a loaded target, or a function that loads one once the port is open."""
         self.config = config
-        self.limits = SessionLimits(
-            max_draft=config.limits.max_draft,
-            max_context=min(config.limits.max_context, backend.max_context),
-        )
-        self.fingerprint = vocab_fingerprint(backend.token_texts())
-        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="target")  # one per device
+        self.guard = config.service_limits
+        self._loader: TargetLoader = (lambda: backend) if hasattr(backend, "forward") else backend
+        self.backend: TargetBackend | None = None
+        self.limits = config.limits  # capped by the model's own context once it is loaded
+        self.fingerprint = ""
+        self.state = "loading"  # then "ready", then "draining"
+        self.port: int | None = None  # once listening
+        self.metrics = ServiceMetrics()
+        self.queue = DeviceQueue("target")  # one per device
+        self.metrics.queue_depth.set_function(lambda: self.queue.depth)
         self.sessions: dict[str, Session] = {}
+        self._connections: dict[str, ServerConnection] = {}
+        self._busy: set[str] = set()  # sessions with a round in flight
+        self._streams: dict[str, ServerOnlyStream] = {}  # each session's server-only generation
+        self._admitted: set[ServerConnection] = set()  # upgrades let through, not closed yet
+
+    # ---- lifecycle --------------------------------------------------------------------
 
     async def run(self, on_ready: Callable[[str], None], handle_signals: bool = True) -> None:
-        """Serve until SIGINT/SIGTERM or stop(); `on_ready(url)` is called once clients can connect."""
+        """Serve until SIGINT/SIGTERM or stop(); `on_ready(url)` is called once sessions are taken."""
         loop = asyncio.get_running_loop()
-        self._stopping = loop.create_future()
         self._loop = loop
+        self._stopping = loop.create_future()
+        self._hurry = asyncio.Event()
         if handle_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, self._request_stop)
-        async with serve(
-            self._handle,
-            self.config.host,
-            self.config.port,
-            subprotocols=[SUBPROTOCOL],
-            process_request=self._process_request,
-            max_size=self.config.max_frame_bytes,
-            ping_interval=self.config.ping_interval_s,
-        ) as server:
-            port = server.sockets[0].getsockname()[1]
-            on_ready(f"ws://{self.config.host}:{port}")
-            await self._stopping
-            log.info("shutting down: closing %d session(s)", len(self.sessions))
-        self.worker.shutdown(wait=True)
+        try:
+            async with serve(
+                self._handle,
+                self.config.host,
+                self.config.port,
+                subprotocols=[SUBPROTOCOL],
+                process_request=self._process_request,
+                max_size=self.guard.max_frame_bytes,
+                ping_interval=self.config.ping_interval_s,
+                ssl=self.config.tls,
+            ) as server:
+                self.port = server.sockets[0].getsockname()[1]  # open: /healthz answers while loading
+                if not await self._load_target():
+                    return
+                self.state = "ready"
+                self.metrics.ready.set(1)
+                on_ready(self._url(self.port))
+                await self._stopping
+                await self._drain()
+        finally:
+            # stopped while loading: do not wait minutes for a model nobody will use
+            await loop.run_in_executor(None, partial(self.queue.shutdown, wait=self.state != "loading"))
 
     def stop(self) -> None:
         """Ask a running service to shut down; safe to call from any thread."""
@@ -97,114 +136,259 @@ class VerifyService:
     def _request_stop(self) -> None:
         if not self._stopping.done():
             self._stopping.set_result(None)
+        else:
+            self._hurry.set()  # a second signal: stop waiting for rounds in flight
+
+    def _url(self, port: int) -> str:
+        host = self.config.host
+        host = f"[{host}]" if ":" in host else host
+        return f"{'wss' if self.config.tls else 'ws'}://{host}:{port}"
+
+    async def _load_target(self) -> bool:
+        """Load the target on the device thread; False if asked to stop first."""
+        def load():
+            backend = self._loader()
+            return backend, vocab_fingerprint(backend.token_texts())
+
+        loading = asyncio.ensure_future(self.queue.run("load", load))
+        await asyncio.wait({loading, self._stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not loading.done():
+            log.info("stopped while the target was loading")
+            return False
+        try:
+            (backend, fingerprint), _ = loading.result()
+        except Exception as exc:
+            raise TargetLoadError(str(exc) or type(exc).__name__) from exc
+        self.backend, self.fingerprint = backend, fingerprint
+        self.limits = SessionLimits(max_draft=self.config.limits.max_draft,
+                                    max_context=min(self.config.limits.max_context, backend.max_context))
+        return True
+
+    async def _drain(self) -> None:
+        """Refuse new sessions, let rounds in flight finish, then close everything (1001)."""
+        self.state = "draining"
+        self.metrics.ready.set(0)
+        log.info("shutting down: %d session(s) open, %d round(s) in flight", len(self.sessions), len(self._busy))
+        for session_id, ws in list(self._connections.items()):
+            stream = self._streams.get(session_id)
+            if stream is not None and stream.busy:  # end the stream with a last frame, then close
+                asyncio.ensure_future(self._close_after(stream, ws))
+            elif session_id not in self._busy:  # idle: nothing to finish
+                asyncio.ensure_future(ws.close(CLOSE_GOING_AWAY, "the service is shutting down"))
+        deadline = time.monotonic() + self.guard.drain_timeout_s
+        while self.sessions and time.monotonic() < deadline and not self._hurry.is_set():
+            await asyncio.sleep(0.02)
+        if self.sessions:
+            log.warning("closing %d session(s) that did not finish in time", len(self.sessions))
+
+    @staticmethod
+    async def _close_after(stream: ServerOnlyStream, ws: ServerConnection) -> None:
+        await stream.finish("going_away")
+        await ws.close(CLOSE_GOING_AWAY, "the service is shutting down")
+
+    # ---- plain HTTP and admission ----------------------------------------------------------
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        if request.path == "/healthz":
-            return connection.respond(http.HTTPStatus.OK, "ok\n")
+        path = request.path.split("?", 1)[0]
+        if path == "/healthz":
+            if self.state == "ready":
+                return connection.respond(http.HTTPStatus.OK, "ok\n")
+            return self._unavailable(connection, f"{self.state}\n")
+        if path == "/metrics":
+            response = connection.respond(http.HTTPStatus.OK, self.metrics.render().decode())
+            del response.headers["Content-Type"]
+            response.headers["Content-Type"] = self.metrics.content_type
+            return response
         if self.config.token is not None:
-            header = request.headers.get("Authorization", "")
-            if not header.startswith("Bearer "):
-                return connection.respond(
-                    http.HTTPStatus.UNAUTHORIZED,
-                    "missing bearer token: send 'Authorization: Bearer <token>' (specwire: --token-file)\n")
-            if not hmac.compare_digest(header[len("Bearer "):].encode(), self.config.token.encode()):
-                return connection.respond(http.HTTPStatus.UNAUTHORIZED, "wrong bearer token\n")
+            problem = bearer_problem(request.headers.get("Authorization"), self.config.token)
+            if problem:
+                self.metrics.refusals.labels("unauthorized").inc()
+                response = connection.respond(http.HTTPStatus.UNAUTHORIZED, problem + "\n")
+                response.headers["WWW-Authenticate"] = 'Bearer realm="specwire"'
+                return response
+        if self.state != "ready":
+            self.metrics.refusals.labels(self.state).inc()
+            words = "the target model is still loading" if self.state == "loading" else "the service is shutting down"
+            return self._unavailable(connection, f"{words}: retry in {self.guard.retry_after_s:g} s\n")
+        self._admitted = {c for c in self._admitted if c.protocol.state is not State.CLOSED}
+        if len(self._admitted) >= self.guard.max_sessions:
+            self.metrics.refusals.labels("sessions_full").inc()
+            return self._unavailable(
+                connection, f"the service is at its limit of {self.guard.max_sessions} sessions: "
+                f"retry in {self.guard.retry_after_s:g} s, or use another replica\n")
+        self._admitted.add(connection)
         return None
+
+    def _unavailable(self, connection: ServerConnection, text: str) -> Response:
+        response = connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, text)
+        response.headers["Retry-After"] = str(max(1, round(self.guard.retry_after_s)))
+        return response
+
+    # ---- one session ------------------------------------------------------------------
 
     async def _handle(self, ws: ServerConnection) -> None:
         session = await self._open_session(ws)
         if session is None:
             return
-        loop = asyncio.get_running_loop()
-        stream = ServerOnlyStream(session, lambda fn: loop.run_in_executor(self.worker, fn), ws)
+        slog = session_log(log, session.id)
+        bucket = TokenBucket(self.guard.rate_per_s, self.guard.rate_burst)
+        stream = self._streams[session.id] = ServerOnlyStream(session, partial(self._run_for, session), ws,
+                                                               self.metrics)
         try:
-            async for frame in ws:
-                message = self._decode(frame)
-                if isinstance(message, (Generate, Cancel)):
-                    reply = await stream.handle(message)
-                elif stream.busy and not isinstance(message, Error):
-                    reply = Error("busy", "a server-only generation is streaming: send cancel and wait for "
-                                          "its last frame first", seq=getattr(message, "seq", 0))
-                else:
-                    reply = await self._answer(loop, session, message)
-                if reply is None:
-                    continue
-                await ws.send(encode(reply))
-                if isinstance(reply, Error) and reply.fatal:
-                    await ws.close(CLOSE_PROTOCOL_ERROR, reply.code)
+            while True:
+                try:
+                    async with asyncio.timeout(self.guard.idle_timeout_s):
+                        frame = await ws.recv()
+                except TimeoutError:
+                    slog.info("idle for %g s: closing", self.guard.idle_timeout_s)
+                    self.metrics.refusals.labels("idle_timeout").inc()
+                    await ws.close(CLOSE_IDLE_TIMEOUT, "idle timeout: reconnect and Sync")
+                    break
+                arrived = time.perf_counter()
+                self._busy.add(session.id)
+                try:
+                    reply = await self._answer(session, frame, bucket, arrived, slog, stream)
+                    if reply is not None:  # a stream answers with its own frames
+                        await ws.send(encode(reply))
+                finally:
+                    self._busy.discard(session.id)
+                if isinstance(reply, Error):
+                    self.metrics.errors.labels(reply.code).inc()
+                    if reply.fatal:
+                        await ws.close(CLOSE_PROTOCOL_ERROR, reply.code[:100])
+                        break
+                if self.state == "draining":
+                    await ws.close(CLOSE_GOING_AWAY, "the service is shutting down")
                     break
         except ConnectionClosed:
             pass
         finally:
             stream.stop()
-            self.sessions.pop(session.id, None)
-            log.info("session %s closed after %d committed tokens", session.id, len(session.committed))
+            self._streams.pop(session.id, None)
+            await self._close_session(session)
+            slog.info("closed after %d committed tokens", len(session.committed))
 
-    @staticmethod
-    def _decode(frame: bytes | str):
-        """The client's message, or the Error that answers an undecodable frame."""
-        if isinstance(frame, str):
-            return Error("bad_frame", "text frames are not part of the protocol: send binary msgpack frames")
+    async def _answer(self, session: Session, frame: bytes | str, bucket: TokenBucket, arrived: float, slog,
+                      stream: ServerOnlyStream):
+        """The reply to one frame. A new kind of request is one more branch here."""
+        wait_s = bucket.take()
+        if wait_s > 0:
+            return Error("rate_limited", f"more than {self.guard.rate_per_s:g} requests a second (burst "
+                         f"{self.guard.rate_burst}) on this connection: send it again in {wait_s:.3f} s",
+                         retry_after_s=wait_s)
         try:
-            return decode_client_message(frame)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            return Error("bad_frame", f"could not decode the frame: {exc}")
-
-    async def _answer(self, loop: asyncio.AbstractEventLoop, session: Session, message):
-        if isinstance(message, Error):
-            return message
+            message = read_client_frame(frame)
+        except BadFrame as exc:
+            return Error(exc.code, exc.message)
+        except Exception as exc:  # a decoder corner not classified above: still only a bad frame
+            slog.warning("undecodable frame (%s: %s)", type(exc).__name__, exc)
+            return Error("bad_frame", f"could not decode the frame: {type(exc).__name__}")
+        seq = getattr(message, "seq", 0)
         try:
+            if isinstance(message, (Generate, Cancel)):
+                return await stream.handle(message)
+            if stream.busy:
+                return Error("busy", "a server-only generation is streaming: send cancel and wait for its last "
+                             "frame first", seq=seq)
             if isinstance(message, Verify):
-                return await loop.run_in_executor(self.worker, session.verify, message)
+                return await self._verify(session, message, arrived)
             if isinstance(message, Sync):
-                return await loop.run_in_executor(self.worker, session.sync, message)
-            return Error("unexpected_message", "hello was already received: send verify or sync",
-                         seq=getattr(message, "seq", 0))
+                return await self._sync(session, message, arrived)
+            return Error("unexpected_message", "hello was already received: send verify, sync or generate",
+                         seq=seq)
         except SessionError as exc:
-            return Error(exc.code, exc.message, seq=getattr(message, "seq", 0), fatal=exc.fatal)
+            return Error(exc.code, exc.message, seq=seq, fatal=exc.fatal)
+        except QueueClosed:
+            return Error("going_away", "the service is shutting down: reconnect", seq=seq, fatal=True)
         except Exception:  # a backend failure must not take the service down
-            log.exception("session %s: verification failed", session.id)
-            return Error("internal", "the service failed to verify this round; reconnect and Sync", fatal=True)
+            slog.exception("verification failed")
+            return Error("internal", "the service failed to verify this round; reconnect and Sync",
+                         seq=seq, fatal=True)
+
+    async def _verify(self, session: Session, request: Verify, arrived: float):
+        verdict, queue_s = await self.queue.run(session.id, partial(session.verify, request), arrived)
+        verdict.queue_s = queue_s
+        self.metrics.record_round(len(request.draft), verdict.accepted, verdict.forward_s + verdict.accept_s,
+                                  queue_s)
+        return verdict
+
+    async def _run_for(self, session: Session, work):
+        """Run `work` on the device in `session`'s turn (a server-only step); returns its result."""
+        result, _ = await self.queue.run(session.id, work)
+        return result
+
+    async def _sync(self, session: Session, request: Sync, arrived: float):
+        synced, _ = await self.queue.run(session.id, partial(session.sync, request), arrived)
+        self.metrics.syncs.inc()
+        return synced
 
     async def _open_session(self, ws: ServerConnection) -> Session | None:
         """Read and check Hello; answer Welcome, or a fatal Error and close."""
         try:
-            frame = await asyncio.wait_for(ws.recv(), self.config.hello_timeout_s)
-            hello = decode_client_message(frame) if isinstance(frame, bytes) else None
-        except (asyncio.TimeoutError, ConnectionClosed):
+            async with asyncio.timeout(self.config.hello_timeout_s):
+                frame = await ws.recv()
+        except TimeoutError:
+            await self._refuse(ws, CLOSE_PROTOCOL_ERROR, "hello_timeout",
+                               f"no Hello within {self.config.hello_timeout_s:g} s of connecting")
             return None
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            hello = None
-            log.info("bad hello: %s", exc)
+        except ConnectionClosed:
+            return None
+        try:
+            hello = read_client_frame(frame)
+        except Exception as exc:  # BadFrame, or a decoder corner not classified
+            await self._refuse(ws, CLOSE_PROTOCOL_ERROR, "bad_hello", f"the first message must be a Hello: {exc}")
+            return None
         if not isinstance(hello, Hello):
-            await self._refuse(ws, CLOSE_PROTOCOL_ERROR, "bad_hello", "the first message must be a msgpack Hello")
+            await self._refuse(ws, CLOSE_PROTOCOL_ERROR, "bad_hello",
+                               f"the first message must be a Hello, got {type(hello).__name__.lower()}")
             return None
-        if hello.vocab_fingerprint != self.fingerprint or hello.vocab_size != self.backend.vocab_size:
+        backend = self.backend
+        if hello.vocab_fingerprint != self.fingerprint or hello.vocab_size != backend.vocab_size:
             await self._refuse(
                 ws, CLOSE_VOCAB_MISMATCH, "vocab_mismatch",
-                f"the drafter's vocabulary ({hello.vocab_size} tokens, fingerprint {hello.vocab_fingerprint}) "
-                f"differs from the target's ({self.backend.vocab_size} tokens, fingerprint {self.fingerprint}): "
+                f"the drafter's vocabulary ({hello.vocab_size} tokens, fingerprint {hello.vocab_fingerprint[:32]}) "
+                f"differs from the target's ({backend.vocab_size} tokens, fingerprint {self.fingerprint}): "
                 "use a draft model that shares the target's tokenizer")
             return None
-        problems = hello.sampling.problems()
+        problems = hello_problems(hello)
         if problems:
             await self._refuse(ws, CLOSE_PROTOCOL_ERROR, "bad_sampling", "; ".join(problems))
             return None
-        session = Session(self.backend, hello.sampling, hello.seed, self.limits)
+        opening = object()  # its own turn in the queue: allocating a cache touches the model
+        try:
+            session, _ = await self.queue.run(opening, partial(Session, backend, hello.sampling, hello.seed,
+                                                               self.limits))
+        except QueueClosed:
+            return None
         self.sessions[session.id] = session  # registered before the client can use it
+        self._connections[session.id] = ws
+        self.metrics.sessions.inc()
+        self.metrics.sessions_total.inc()
         try:
             await ws.send(encode(Welcome(
                 session_id=session.id, max_context=self.limits.max_context, max_draft=self.limits.max_draft,
-                vocab_size=self.backend.vocab_size, target=self.backend.name,
-                capabilities=["greedy", "sampling", "sync", "generate"])))
+                vocab_size=backend.vocab_size, target=backend.name, capabilities=["greedy", "sampling", "sync", "generate"],
+                max_frame_bytes=self.guard.max_frame_bytes, idle_timeout_s=self.guard.idle_timeout_s)))
         except ConnectionClosed:
-            del self.sessions[session.id]
+            await self._close_session(session)
             return None
-        log.info("session %s opened (%s)", session.id, hello.client or "unnamed client")
+        session_log(log, session.id).info("opened (%s)", hello.client[:80] or "unnamed client")
         return session
+
+    async def _close_session(self, session: Session) -> None:
+        """Forget the session and free its KV cache (on the device thread, in its turn)."""
+        if self.sessions.pop(session.id, None) is None:
+            return
+        self._connections.pop(session.id, None)
+        self.metrics.sessions.dec()
+        try:
+            await self.queue.run(session.id, session.close)
+        except QueueClosed:
+            session.close()  # the worker has stopped: nothing else touches the model now
 
     async def _refuse(self, ws: ServerConnection, close_code: int, code: str, message: str) -> None:
         log.info("refused a session: %s", message)
+        self.metrics.refusals.labels(code).inc()
         try:
             await ws.send(encode(Error(code, message, fatal=True)))
             await ws.close(close_code, code)

@@ -18,6 +18,7 @@ import numpy as np
 
 from remote_verify.acceptance import accept_greedy, accept_sampled
 from remote_verify.backends import TargetBackend
+from remote_verify.memory import give_back_free_memory
 from remote_verify.protocol import Generate, SamplingParams, SparseDist, Sync, Synced, Verdict, Verify
 from remote_verify.sampling import warp
 
@@ -142,6 +143,14 @@ class Session:
         self.last_seq = request.seq  # a Sync starts a new run of sequence numbers
         return Synced(seq=request.seq, committed_len=len(self.committed))
 
+    def close(self) -> None:
+        """Free the KV cache now: a llama.cpp context holds its memory until it is freed."""
+        release = getattr(self.backend, "release", None)
+        if release is not None and self.cache is not None:
+            release(self.cache)
+        self.cache = None
+        give_back_free_memory()
+
     def _check_seq(self, seq: int) -> None:
         if seq != self.last_seq + 1:
             raise SessionError(
@@ -165,7 +174,7 @@ class Session:
                 raise SessionError("bad_dists", f"draft distribution {i}: ids and probs differ in length or are empty")
             self._check_tokens(dist.ids, f"draft_dists[{i}]")
             probs = dist.probs
-            if any(not math.isfinite(p) or p < 0.0 for p in probs) or sum(probs) <= 0.0:
+            if any(not math.isfinite(p) or p < 0.0 for p in probs) or not 0.0 < sum(probs) < math.inf:
                 raise SessionError("bad_dists", f"draft distribution {i}: probabilities must be finite and >= 0")
             if len(set(dist.ids)) != len(dist.ids):
                 raise SessionError("bad_dists", f"draft distribution {i}: repeated token ids")

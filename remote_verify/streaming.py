@@ -2,7 +2,8 @@
 
 Each token is its own work item on the device's queue, so a long generation takes turns
 with other sessions' rounds instead of holding the device. The stream ends with a frame
-marked done: at a stop token, at max_tokens, at a full context, or on Cancel.
+marked done: at a stop token, at max_tokens, at a full context, on Cancel, or when the
+service drains for shutdown ("going_away": the client goes on with another connection).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Awaitable, Callable
 from websockets.exceptions import ConnectionClosed
 
 from remote_verify.protocol import Cancel, Error, Generate, Generated, encode
+from remote_verify.scheduler import QueueClosed
 from remote_verify.session import Session, SessionError
 
 log = logging.getLogger(__name__)
@@ -25,13 +27,18 @@ Send = Callable[[Generated], Awaitable[None]]
 
 
 async def stream_generation(session: Session, request: Generate, run: RunOnDevice, send: Send,
-                            cancelled: asyncio.Event) -> None:
-    """Serve one Generate (already accepted by `session.start_generation`)."""
+                            cancelled: asyncio.Event, why_cancelled: Callable[[], str] = lambda: "cancelled",
+                            on_token: Callable[[float, float], None] | None = None) -> None:
+    """Serve one Generate (already accepted by `session.start_generation`).
+
+    `why_cancelled()` names the stop once `cancelled` is set: "cancelled" (the client's
+    Cancel) or "going_away" (the service is shutting down: the client continues elsewhere).
+    """
     made = 0
     reason = "max_tokens"
     while made < request.max_tokens:
         if cancelled.is_set():
-            reason = "cancelled"
+            reason = why_cancelled()
             break
         if len(session.committed) + 1 > session.limits.max_context:
             reason = "context"
@@ -39,6 +46,8 @@ async def stream_generation(session: Session, request: Generate, run: RunOnDevic
         queued = time.perf_counter()
         token, started, forward_s = await run(session.generate_step)
         made += 1
+        if on_token is not None:
+            on_token(forward_s, max(0.0, started - queued))
         stop = token in request.stop_ids
         done = stop or made == request.max_tokens
         await send(Generated(seq=request.seq, tokens=[token], committed_len=len(session.committed),
@@ -53,12 +62,14 @@ async def stream_generation(session: Session, request: Generate, run: RunOnDevic
 class ServerOnlyStream:
     """A connection's server-only generation: at most one at a time, cancellable."""
 
-    def __init__(self, session: Session, run: RunOnDevice, ws):
+    def __init__(self, session: Session, run: RunOnDevice, ws, metrics=None):
         self.session = session
         self.run = run
         self.ws = ws
+        self.metrics = metrics
         self._task: asyncio.Task | None = None
         self._cancelled = asyncio.Event()
+        self._why = "cancelled"
         self._seq = 0
 
     @property
@@ -79,10 +90,20 @@ class ServerOnlyStream:
             return Error(exc.code, exc.message, seq=message.seq, fatal=exc.fatal)
         self._seq = message.seq
         self._cancelled = asyncio.Event()
+        self._why = "cancelled"
         self._task = asyncio.create_task(self._serve(message, self._cancelled))
         return None
 
+    async def finish(self, reason: str) -> None:
+        """End the stream after the token being made, with a last frame saying `reason`."""
+        if self.busy:
+            self._why = reason
+            self._cancelled.set()
+            with contextlib.suppress(Exception):
+                await self._task
+
     def stop(self) -> None:
+        """The connection is gone: drop the stream without a last frame."""
         if self._task is not None:
             self._task.cancel()
 
@@ -90,9 +111,10 @@ class ServerOnlyStream:
         async def send(frame: Generated) -> None:
             await self.ws.send(encode(frame))
 
+        on_token = self.metrics.record_streamed_token if self.metrics is not None else None
         try:
-            await stream_generation(self.session, request, self.run, send, cancelled)
-        except ConnectionClosed:
+            await stream_generation(self.session, request, self.run, send, cancelled, lambda: self._why, on_token)
+        except (ConnectionClosed, QueueClosed):  # the client left, or the service is stopping
             pass
         except Exception:  # a backend failure ends this stream, not the service
             log.exception("session %s: server-only generation failed", self.session.id)

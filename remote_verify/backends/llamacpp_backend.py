@@ -25,9 +25,11 @@ log = logging.getLogger(__name__)
 N_BATCH = 512  # tokens per llama_decode call; a draft block is always far smaller
 
 
-def _usable_cpus() -> int:
-    """Cores this process may run on (its affinity mask), not every core of the machine."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else max(1, os.cpu_count() or 1)
+def usable_cpus() -> int:
+    """CPUs this process may run on (a container's cpuset or `taskset`), not all the host has."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
 
 
 @dataclass
@@ -52,7 +54,7 @@ class LlamaCppTarget:
         self.max_context = min(max_context, int(llama_cpp.llama_model_n_ctx_train(self.model.model)))
         self.bos_id = int(llama_cpp.llama_vocab_bos(self._vocab))
         self.eos_id = int(llama_cpp.llama_vocab_eos(self._vocab))
-        self.n_threads = n_threads or _usable_cpus()
+        self.n_threads = n_threads or usable_cpus()
         offload = llama_cpp.llama_supports_gpu_offload() and gpu_layers != 0
         self.name = f"llamacpp:{'gpu' if offload else 'cpu'}"
         log.info("target %s with llama.cpp (%s), vocab %d", self.path.name, self.name, self.vocab_size)
@@ -90,6 +92,11 @@ class LlamaCppTarget:
         if length < cache.length:
             cache.context.kv_cache_seq_rm(0, length, -1)
             cache.length = length
+
+    def release(self, cache: LlamaCache) -> None:
+        """Free the session's context and batch now rather than whenever they are collected."""
+        cache.context.close()
+        cache.batch.close()
 
     def _decode(self, cache: LlamaCache, tokens: list[int], n_logits: int) -> None:
         batch = cache.batch.batch

@@ -1,0 +1,104 @@
+"""`specwire serve`: the flags that expose a service safely, and starting it.
+
+The port opens before the target is loaded, so that `/healthz` answers 503 "loading" to
+an orchestrator's probe; the line `listening on ws://HOST:PORT` (or `wss://`) is printed
+on stdout only once sessions are taken, and the chat app, the demo and the tests wait
+for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import ssl
+from pathlib import Path
+
+from remote_verify.limits import ServiceLimits
+
+log = logging.getLogger(__name__)
+
+DEFAULTS = ServiceLimits()
+
+
+def add_service_arguments(serve: argparse.ArgumentParser) -> None:
+    """Access, TLS, limits and logging flags of `specwire serve`."""
+    env = os.environ.get
+    access = serve.add_argument_group("access")
+    access.add_argument("--tls-cert", default=env("SPECWIRE_TLS_CERT"), metavar="PEM",
+                        help="certificate chain: serve wss:// (with --tls-key)")
+    access.add_argument("--tls-key", default=env("SPECWIRE_TLS_KEY"), metavar="PEM",
+                        help="the certificate's private key")
+    access.add_argument("--insecure-no-auth", action="store_true",
+                        help="allow a non-loopback --host without --token-file (another layer must authenticate)")
+    limits = serve.add_argument_group("limits (a request or connection over a limit is refused, "
+                                      "with a message and a retry hint)")
+    limits.add_argument("--max-frame-bytes", type=int, default=DEFAULTS.max_frame_bytes,
+                        help="largest WebSocket frame accepted (default: %(default)s)")
+    limits.add_argument("--max-sessions", type=int, default=DEFAULTS.max_sessions,
+                        help="concurrent sessions; more get HTTP 503 with Retry-After (default: %(default)s)")
+    limits.add_argument("--idle-timeout", type=float, default=DEFAULTS.idle_timeout_s, metavar="SECONDS",
+                        help="close a session silent this long (default: %(default)s)")
+    limits.add_argument("--rate", type=float, default=DEFAULTS.rate_per_s, metavar="PER_SECOND",
+                        help="requests a second per connection, sustained (default: %(default)s)")
+    limits.add_argument("--rate-burst", type=int, default=DEFAULTS.rate_burst,
+                        help="requests per connection in a burst (default: %(default)s)")
+    limits.add_argument("--retry-after", type=float, default=DEFAULTS.retry_after_s, metavar="SECONDS",
+                        help="the retry hint sent with a refused connection (default: %(default)s)")
+    limits.add_argument("--drain-timeout", type=float, default=DEFAULTS.drain_timeout_s, metavar="SECONDS",
+                        help="on SIGTERM, how long rounds in flight may take to finish (default: %(default)s)")
+    serve.add_argument("--log-format", default=env("SPECWIRE_LOG_FORMAT", "text"), choices=["text", "json"],
+                       help="json: one JSON object per log line, with the session id as a field")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from app.commands import UserError, read_token_file, resolve_model
+    from remote_verify.access import exposure_problem, is_loopback, server_tls_context
+    from remote_verify.backends import load_backend
+    from remote_verify.logs import use_json_logs
+    from remote_verify.server import ServiceConfig, TargetLoadError, VerifyService
+    from remote_verify.session import SessionLimits
+
+    if args.log_format == "json":
+        use_json_logs()
+    token = read_token_file(args.token_file)
+    problem = exposure_problem(args.host, token, args.insecure_no_auth)
+    if problem:
+        raise UserError(problem)
+    if token is None and not is_loopback(args.host):
+        log.warning("listening on %s with no token (--insecure-no-auth): every client is accepted", args.host)
+    limits = ServiceLimits(max_frame_bytes=args.max_frame_bytes, max_sessions=args.max_sessions,
+                           idle_timeout_s=args.idle_timeout, rate_per_s=args.rate, rate_burst=args.rate_burst,
+                           retry_after_s=args.retry_after, drain_timeout_s=args.drain_timeout)
+    problems = limits.problems()
+    if problems:
+        raise UserError("; ".join(problems))
+    tls = None
+    if args.tls_cert or args.tls_key:
+        if not (args.tls_cert and args.tls_key):
+            raise UserError("--tls-cert and --tls-key go together: give both PEM files")
+        try:
+            tls = server_tls_context(args.tls_cert, args.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise UserError(f"cannot use the TLS certificate {args.tls_cert} with the key {args.tls_key}: "
+                            f"{exc.strerror or exc}") from exc
+    target = resolve_model(args, "target")
+    if not Path(target).exists():
+        raise UserError(f"no target model at {target}")
+    config = ServiceConfig(host=args.host, port=args.port, token=token, tls=tls,
+                           limits=SessionLimits(max_draft=args.max_draft, max_context=args.max_context),
+                           service_limits=limits)
+    service = VerifyService(lambda: load_backend(args.backend, target, device=args.device), config)
+
+    def announce(url: str) -> None:
+        print(f"listening on {url}", flush=True)
+
+    log.info("loading the target %s (/healthz answers 503 until it is ready)", target)
+    try:
+        asyncio.run(service.run(announce))
+    except TargetLoadError as exc:
+        raise UserError(f"cannot load the target {target}: {exc}") from exc
+    except OSError as exc:
+        raise UserError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from exc
+    return 0

@@ -1,0 +1,291 @@
+"""Many concurrent sessions against one verification service: latency, parity, memory.
+
+    .venv/bin/python -m benchmarks.load [--sessions 32] [--rounds 50] [--k 4]
+                                        [--backend llamacpp|torch] [--json]
+
+Builds the tiny models in a temporary folder (or takes --target/--draft), starts
+`specwire serve` as a child process, and computes each prompt's reference continuation
+with `--k 0` through that service (the target alone, one token a round). Then a warm-up
+wave of sessions opens and closes (the memory baseline is read after it, so that the
+allocator's first growth is not counted as a leak), and the measured wave runs: every
+session connects, all start together, and each generates greedily, prompt after prompt,
+until it has done at least --rounds verification rounds. Every reply must equal its
+reference. Prints verify latency percentiles (round trip at the client, time queued for
+the device, the service's forward pass and acceptance), errors, and the service's
+resident memory before, at the peak of, and after the wave.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from local_draft.draft_model import DraftModel
+from local_draft.speculator import Speculator
+from local_draft.verify_client import VerifyClient
+from remote_verify.protocol import Hello, SamplingParams, Verify
+
+PROMPTS = [  # short and varied: each session cycles through them from its own offset
+    "def quicksort(arr):", "import numpy as np", "class Stack:", "for i in range(10):",
+    "The quick brown fox", "SELECT name FROM", "#include <stdio.h>", "Once upon a time",
+    "fn main() {", "<html><body>", "x = [1, 2, 3]", "while True:",
+]
+MIB = 1024 * 1024
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process (Linux)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def percentiles(values: list[float], points=(50, 90, 99)) -> dict[str, float]:
+    ordered = sorted(values)
+    if not ordered:
+        return {f"p{p}": 0.0 for p in points}
+    return {f"p{p}": ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))] for p in points}
+
+
+def pin_to_one_cpu() -> None:
+    """Run this process on one CPU, leaving the others to the clients: llama.cpp's threads wait
+    for each other by spinning, and on an oversubscribed machine every forward pass pays for it.
+    (A `preexec_fn` for the service's child process; Linux.)"""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) > 1:
+        os.sched_setaffinity(0, {cpus[-1]})
+
+
+class TimedClient(VerifyClient):
+    """A client that keeps, per round, (round trip, time queued, service time)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.samples: list[tuple[float, float, float]] = []
+
+    def verify(self, request: Verify):
+        started = time.perf_counter()
+        verdict = super().verify(request)
+        self.samples.append((time.perf_counter() - started, verdict.queue_s, verdict.forward_s + verdict.accept_s))
+        return verdict
+
+
+@dataclass
+class SessionResult:
+    rounds: int = 0
+    generations: int = 0
+    mismatches: list[str] = field(default_factory=list)
+    error: str | None = None
+    samples: list[tuple[float, float, float]] = field(default_factory=list)
+
+
+@dataclass
+class LoadReport:
+    sessions: int
+    rounds: int
+    min_rounds: int
+    generations: int
+    errors: list[str]
+    mismatches: list[str]
+    wall_s: float
+    round_trip_s: dict[str, float]
+    queue_s: dict[str, float]
+    service_s: dict[str, float]
+    rss_before_mib: float
+    rss_peak_mib: float
+    rss_after_mib: float
+    sessions_open_after: float
+    prompts: list[list[int]] = field(default_factory=list)
+    references: list[list[int]] = field(default_factory=list)  # each prompt continued by the target alone
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+class Service:
+    """`specwire serve` in a child process."""
+
+    def __init__(self, target: Path, backend: str, max_sessions: int, pinned: bool = False):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "serve", "--target", str(target), "--backend", backend,
+             "--port", "0", "--max-sessions", str(max_sessions)],
+            stdout=subprocess.PIPE, text=True, preexec_fn=pin_to_one_cpu if pinned else None)
+        line = self.process.stdout.readline()
+        if not line.startswith("listening on "):
+            self.process.kill()
+            raise RuntimeError(f"the service did not start: {line!r}")
+        self.url = line.split()[-1]
+
+    def metric(self, name: str) -> float:
+        """One unlabelled sample from /metrics."""
+        with urllib.request.urlopen(self.url.replace("ws://", "http://") + "/metrics", timeout=10) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+        raise KeyError(name)
+
+    def rss(self) -> int:
+        return rss_bytes(self.process.pid)
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def hello_for(draft: DraftModel) -> Hello:
+    return Hello(vocab_fingerprint=draft.vocab_fingerprint, vocab_size=draft.vocab_size, bos_id=draft.bos_id,
+                 eos_id=draft.eos_id, sampling=SamplingParams(), client="benchmarks.load")
+
+
+def reference_continuations(url: str, draft: DraftModel, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Each prompt continued by the target alone: k = 0 through the service."""
+    client = VerifyClient(url, hello_for(draft))
+    try:
+        speculator = Speculator(draft, client, SamplingParams(), k=0)
+        return [speculator.generate(prompt, max_tokens).token_ids for prompt in prompts]
+    finally:
+        client.close()
+
+
+def _run_session(index: int, url: str, draft: DraftModel, prompts: list[list[int]], references: list[list[int]],
+                 rounds: int, k: int, max_tokens: int, start: threading.Barrier, result: SessionResult) -> None:
+    client = None
+    try:
+        client = TimedClient(url, hello_for(draft), stall_timeout_s=120.0)
+        speculator = Speculator(draft, client, SamplingParams(), k=k)
+        start.wait()
+        while result.rounds < rounds:
+            which = (index + result.generations) % len(prompts)
+            generation = speculator.generate(prompts[which], max_tokens)
+            result.rounds += generation.stats.rounds
+            result.generations += 1
+            if generation.token_ids != references[which]:
+                result.mismatches.append(f"session {index}, prompt {which}: {generation.token_ids} != "
+                                         f"{references[which]}")
+    except threading.BrokenBarrierError:
+        result.error = f"session {index}: another session failed before the start"
+    except Exception as exc:  # reported, never raised from a thread
+        result.error = f"session {index}: {type(exc).__name__}: {exc}"
+        start.abort()
+    finally:
+        if client is not None:
+            result.samples = client.samples
+            client.close()
+
+
+def run_wave(url: str, draft_path: Path, prompts, references, sessions: int, rounds: int, k: int,
+             max_tokens: int, on_tick=None) -> tuple[list[SessionResult], float]:
+    """`sessions` concurrent sessions, started together; returns their results and the wall time."""
+    results = [SessionResult() for _ in range(sessions)]
+    # Loaded here, one after another: llama-cpp-python silences a load by redirecting the
+    # process's stdout and stderr, and loads racing on threads can leave them redirected.
+    drafts = [DraftModel(draft_path, n_ctx=1024, n_threads=1) for _ in range(sessions)]  # many share 2 cores
+    start = threading.Barrier(sessions + 1)
+    threads = [threading.Thread(target=_run_session, daemon=True,
+                                args=(i, url, drafts[i], prompts, references, rounds, k, max_tokens, start, results[i]))
+               for i in range(sessions)]
+    for thread in threads:
+        thread.start()
+    try:
+        start.wait(120)
+    except threading.BrokenBarrierError:
+        pass
+    began = time.perf_counter()
+    while any(thread.is_alive() for thread in threads):
+        if on_tick is not None:
+            on_tick()
+        time.sleep(0.05)
+    return results, time.perf_counter() - began
+
+
+def run_load(target: Path, draft_path: Path, backend: str = "llamacpp", sessions: int = 32, rounds: int = 50,
+             k: int = 4, max_tokens: int = 48, warmup_rounds: int = 4, pin_service: bool = False) -> LoadReport:
+    service = Service(target, backend, max_sessions=sessions, pinned=pin_service)
+    try:
+        tokenizer = DraftModel(draft_path, n_ctx=1024, n_threads=1)
+        prompts = [tokenizer.tokenize(text) for text in PROMPTS]
+        references = reference_continuations(service.url, tokenizer, prompts, max_tokens)
+        warm, _ = run_wave(service.url, draft_path, prompts, references, sessions, warmup_rounds, k, max_tokens)
+        wait_until_closed(service)
+        before = service.rss()
+        peak = [before]
+        results, wall = run_wave(service.url, draft_path, prompts, references, sessions, rounds, k, max_tokens,
+                                 on_tick=lambda: peak.append(service.rss()))
+        open_after = wait_until_closed(service)
+        after = service.rss()
+    finally:
+        service.close()
+    samples = [sample for result in results for sample in result.samples]
+    return LoadReport(
+        sessions=sessions, rounds=sum(r.rounds for r in results), min_rounds=min(r.rounds for r in results),
+        generations=sum(r.generations for r in results),
+        errors=[r.error for r in warm + results if r.error],
+        mismatches=[m for r in warm + results for m in r.mismatches], wall_s=wall,
+        round_trip_s=percentiles([s[0] for s in samples]), queue_s=percentiles([s[1] for s in samples]),
+        service_s=percentiles([s[2] for s in samples]),
+        rss_before_mib=before / MIB, rss_peak_mib=max(peak) / MIB, rss_after_mib=after / MIB,
+        sessions_open_after=open_after, prompts=prompts, references=references)
+
+
+def wait_until_closed(service: Service, timeout_s: float = 30.0) -> float:
+    """Wait for the service to report no open session; returns the count it last reported."""
+    deadline = time.monotonic() + timeout_s
+    while (open_now := service.metric("specwire_sessions_open")) > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return open_now
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=50, help="at least this many rounds per session")
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=48, help="tokens per reply")
+    parser.add_argument("--backend", default="llamacpp", choices=["llamacpp", "torch"])
+    parser.add_argument("--target", help="target model (default: the tiny one)")
+    parser.add_argument("--draft", help="draft model GGUF (default: the tiny one)")
+    parser.add_argument("--pin-service", action="store_true", help="run the service on one CPU (Linux)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        if not (args.target and args.draft):
+            from models.tiny import build_tiny_models
+
+            tiny = build_tiny_models(Path(folder), seed=0)
+            target = tiny.target_gguf if args.backend == "llamacpp" else tiny.target
+            args.target, args.draft = args.target or target, args.draft or tiny.draft
+        report = run_load(Path(args.target), Path(args.draft), args.backend, args.sessions, args.rounds, args.k,
+                          args.max_tokens, pin_service=args.pin_service)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=1))
+        return
+    ms = lambda d: " / ".join(f"{d[p] * 1000:.1f}" for p in ("p50", "p90", "p99"))  # noqa: E731
+    print(f"sessions {report.sessions}, rounds {report.rounds} (fewest in a session: {report.min_rounds}), "
+          f"replies {report.generations}, wall {report.wall_s:.1f} s")
+    print(f"errors {len(report.errors)}, replies differing from the target alone {len(report.mismatches)}")
+    print("verify latency p50 / p90 / p99, ms:")
+    print(f"  round trip at the client  {ms(report.round_trip_s)}")
+    print(f"  queued for the device     {ms(report.queue_s)}")
+    print(f"  forward pass + acceptance {ms(report.service_s)}")
+    print(f"service memory (RSS): before {report.rss_before_mib:.1f} MiB, peak {report.rss_peak_mib:.1f} MiB, "
+          f"after {report.rss_after_mib:.1f} MiB; sessions open after: {report.sessions_open_after:g}")
+    for problem in report.errors + report.mismatches[:5]:
+        print("  " + problem)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""The service's Prometheus metrics, served at `/metrics` on the WebSocket port.
+
+Each service has its own registry, so several services in one process (the tests) keep
+their counts apart. Acceptance per draft position is two counters, drafted and accepted,
+labelled by position: their ratio is the acceptance rate at that position, and it sums
+correctly across replicas.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# Verify latency on a GPU is a few milliseconds; on a CPU with a large target, seconds.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class ServiceMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ready = Gauge("specwire_ready", "1 once the target is loaded and sessions are taken", registry=r)
+        self.sessions = Gauge("specwire_sessions_open", "sessions open now", registry=r)
+        self.sessions_total = Counter("specwire_sessions_opened", "sessions opened", registry=r)
+        self.rounds = Counter("specwire_rounds", "verification rounds answered with a verdict", registry=r)
+        self.drafted = Counter("specwire_drafted_tokens", "draft tokens received for verification", registry=r)
+        self.accepted = Counter("specwire_accepted_tokens", "draft tokens accepted", registry=r)
+        self.drafted_at = Counter("specwire_drafted_at_position", "rounds with a draft token at this position",
+                                  ["position"], registry=r)
+        self.accepted_at = Counter("specwire_accepted_at_position", "rounds accepting the draft token at this "
+                                   "position", ["position"], registry=r)
+        self.verify_seconds = Histogram("specwire_verify_seconds", "forward pass and acceptance of one round",
+                                        buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_seconds = Histogram("specwire_queue_seconds", "time a request waited for the device",
+                                       buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_depth = Gauge("specwire_queue_depth", "requests waiting for the device", registry=r)
+        self.streamed = Counter("specwire_streamed_tokens", "tokens made by server-only generation", registry=r)
+        self.syncs = Counter("specwire_syncs", "histories rebuilt from a client's Sync", registry=r)
+        self.errors = Counter("specwire_errors", "requests answered with an error, by code", ["code"], registry=r)
+        self.refusals = Counter("specwire_refusals", "connections or sessions refused, by reason", ["reason"],
+                                registry=r)
+
+    def record_round(self, drafted: int, accepted: int, verify_s: float, queue_s: float) -> None:
+        self.rounds.inc()
+        self.drafted.inc(drafted)
+        self.accepted.inc(accepted)
+        for position in range(drafted):
+            self.drafted_at.labels(str(position)).inc()
+        for position in range(accepted):
+            self.accepted_at.labels(str(position)).inc()
+        self.verify_seconds.observe(verify_s)
+        self.queue_seconds.observe(queue_s)
+
+    def record_streamed_token(self, forward_s: float, queue_s: float) -> None:
+        self.streamed.inc()
+        self.verify_seconds.observe(forward_s)
+        self.queue_seconds.observe(queue_s)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

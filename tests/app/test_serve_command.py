@@ -1,0 +1,35 @@
+"""`specwire serve` flags: limits with their defaults in --help, and clear refusals of bad values."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.cli import build_parser, main
+from remote_verify.limits import ServiceLimits
+
+
+def test_help_names_every_limit_with_its_default(capsys):
+    """--help lists each limit flag and the default it takes."""
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    defaults = ServiceLimits()
+    for flag, value in (("--max-frame-bytes", defaults.max_frame_bytes), ("--max-sessions", defaults.max_sessions),
+                        ("--idle-timeout", defaults.idle_timeout_s), ("--rate", defaults.rate_per_s),
+                        ("--rate-burst", defaults.rate_burst), ("--drain-timeout", defaults.drain_timeout_s),
+                        ("--max-draft", 32), ("--max-context", 4096)):
+        assert flag in text and f"(default: {value})" in text[text.index(flag):], flag
+    for flag in ("--tls-cert", "--tls-key", "--insecure-no-auth", "--log-format"):
+        assert flag in text
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--max-sessions", "0"], "--max-sessions must be at least 1"),
+    (["--rate", "0"], "--rate must be more than 0"),
+    (["--tls-cert", "cert.pem"], "--tls-cert and --tls-key go together"),
+    (["--tls-cert", "missing.pem", "--tls-key", "missing.pem"], "cannot use the TLS certificate missing.pem"),
+])
+def test_bad_service_settings_are_refused_before_loading_anything(tiny, capsys, args, words):
+    """Each bad setting stops `serve` with status 2 and a message naming it."""
+    assert main(["serve", "--target", str(tiny.target_gguf), "--port", "0", *args]) == 2
+    assert words in capsys.readouterr().err

@@ -1,0 +1,129 @@
+"""/metrics and /healthz on the WebSocket port, and session ids in the logs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from websockets.sync.client import connect
+
+from local_draft.speculator import Speculator
+from local_draft.verify_client import ServiceBusy, VerifyClient, VerifyError
+from remote_verify.logs import JsonFormatter
+from remote_verify.protocol import SUBPROTOCOL, SamplingParams, Welcome, decode_server_message, encode
+from remote_verify.server import ServiceConfig, VerifyService
+from tests.conftest import RunningService, hello_for
+
+
+def scrape(url: str) -> tuple[str, dict[tuple[str, tuple], float]]:
+    """The content type and every sample of /metrics, keyed by (name, sorted labels)."""
+    with urllib.request.urlopen(url.replace("ws://", "http://") + "/metrics", timeout=5) as response:
+        content_type = response.headers["Content-Type"]
+        text = response.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return content_type, samples
+
+
+def test_metrics_count_what_the_client_saw(llamacpp_target, close_draft):
+    """Rounds, drafted and accepted tokens, acceptance per position and latency counts equal the
+    client's own statistics; errors are counted by code and refusals by reason."""
+    running = RunningService(llamacpp_target, token="t0ken")
+    try:
+        with pytest.raises(VerifyError):
+            VerifyClient(running.url, hello_for(close_draft))  # no token: refused
+        client = VerifyClient(running.url, hello_for(close_draft), token="t0ken")
+        result = Speculator(close_draft, client, SamplingParams(), k=4).generate(
+            close_draft.tokenize("def quicksort(arr):"), 40)
+        with pytest.raises(VerifyError) as bad:
+            client._request(b"not a message", Welcome)  # raw bytes: msgspec encodes them as a msgpack bin
+        assert bad.value.code == "bad_frame"
+        content_type, samples = scrape(running.url)
+        client.close()
+    finally:
+        running.close()
+    stats = result.stats
+    assert content_type.startswith("text/plain; version=")  # the exposition format, not bare text
+    assert samples[("specwire_rounds_total", ())] == stats.rounds
+    assert samples[("specwire_drafted_tokens_total", ())] == stats.drafted
+    assert samples[("specwire_accepted_tokens_total", ())] == stats.accepted
+    for position, accepted in enumerate(stats.accepted_per_position):
+        if accepted:
+            assert samples[("specwire_accepted_at_position_total", (("position", str(position)),))] == accepted
+    for position, drafted in enumerate(stats.drafted_per_position):
+        assert samples[("specwire_drafted_at_position_total", (("position", str(position)),))] == drafted
+    assert samples[("specwire_verify_seconds_count", ())] == stats.rounds
+    assert samples[("specwire_queue_seconds_count", ())] == stats.rounds
+    assert samples[("specwire_errors_total", (("code", "bad_frame"),))] == 1
+    assert samples[("specwire_refusals_total", (("reason", "unauthorized"),))] == 1
+    assert samples[("specwire_sessions_opened_total", ())] == 1 and samples[("specwire_sessions_open", ())] == 1
+    assert samples[("specwire_ready", ())] == 1
+
+
+def test_healthz_says_loading_until_the_target_is_loaded(llamacpp_target, close_draft):
+    """While the target loads: /healthz 503 "loading", upgrades 503 with Retry-After (a client
+    sees a busy service, not a dead one); once loaded: 200 and sessions are taken."""
+    release = threading.Event()
+
+    def slow_loader():
+        release.wait(30)  # stands in for the minutes a large model takes to load
+        return llamacpp_target
+
+    service = VerifyService(slow_loader, ServiceConfig(port=0))
+    thread = threading.Thread(target=lambda: asyncio.run(service.run(lambda url: None, handle_signals=False)),
+                              daemon=True)
+    thread.start()
+    try:
+        assert wait_for(lambda: service.port is not None), "the port did not open"
+        url = f"ws://127.0.0.1:{service.port}"
+        health = f"http://127.0.0.1:{service.port}/healthz"
+        with pytest.raises(urllib.error.HTTPError) as loading:
+            urllib.request.urlopen(health, timeout=5)
+        assert loading.value.code == 503 and loading.value.read() == b"loading\n"
+        with pytest.raises(ServiceBusy) as busy:
+            VerifyClient(url, hello_for(close_draft))
+        assert "still loading" in str(busy.value) and busy.value.retry_after_s == 5.0
+        release.set()
+        assert wait_for(lambda: service.state == "ready")
+        with urllib.request.urlopen(health, timeout=5) as response:
+            assert response.status == 200
+        VerifyClient(url, hello_for(close_draft)).close()
+    finally:
+        release.set()
+        wait_for(lambda: service.state == "ready")
+        service.stop()
+        thread.join(10)
+
+
+def wait_for(condition, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return bool(condition())
+
+
+def test_session_logs_carry_the_session_id(llamacpp_target, close_draft, caplog):
+    """Opening and closing a session is logged with its id, as text and as a JSON field."""
+    running = RunningService(llamacpp_target)
+    try:
+        with caplog.at_level(logging.INFO, logger="remote_verify.server"):
+            with connect(running.url, subprotocols=[SUBPROTOCOL]) as ws:
+                ws.send(encode(hello_for(close_draft)))
+                session_id = decode_server_message(ws.recv()).session_id
+            assert wait_for(lambda: any("closed after" in r.getMessage() for r in caplog.records))
+    finally:
+        running.close()
+    mine = [r for r in caplog.records if getattr(r, "session", None) == session_id]
+    assert any("opened" in r.getMessage() for r in mine) and any("closed" in r.getMessage() for r in mine)
+    assert all(r.getMessage().startswith(f"session {session_id}: ") for r in mine)
+    line = json.loads(JsonFormatter().format(mine[0]))
+    assert line["session"] == session_id and line["level"] == "info" and "opened" in line["message"]
