@@ -129,7 +129,7 @@ def test_generate_finishes_a_reply_offline_when_the_service_is_killed(tiny, clos
     try:
         generate = subprocess.Popen(
             [SPECWIRE, "generate", "--draft", str(tiny.draft), "--server", f"ws://127.0.0.1:{port}",
-             "--prompt", "def f(x):", "--max-tokens", "3000", "--temperature", "0"],
+             "--prompt", "def f(x):", "--max-tokens", "1000", "--temperature", "0"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         generate.stdout.read(1)  # the first streamed byte: the reply is under way
         process.kill()
@@ -139,7 +139,7 @@ def test_generate_finishes_a_reply_offline_when_the_service_is_killed(tiny, clos
     err = err.decode()
     assert generate.returncode == 0, err
     assert "lost the service" in err and "continuing offline" in err
-    assert "stopped at max_tokens: 3000 tokens" in err
+    assert "stopped at max_tokens: 1000 tokens" in err
     assert " unverified (offline)" in err and "Traceback" not in err
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import signal
+
 import numpy as np
 import pytest
 from websockets.sync.client import connect
 
 from local_draft.server_only import ServerOnlyGenerator
+from local_draft.service_link import ServiceLink
 from local_draft.speculator import Speculator
 from local_draft.verify_client import VerifyClient, VerifyError
 from remote_verify.protocol import (
@@ -14,6 +17,7 @@ from remote_verify.protocol import (
 )
 from remote_verify.sampling import warp
 from tests.conftest import hello_for
+from tests.local_draft.test_fallback import FAST_BACKOFF, start_service, target_alone
 from tests.statistics import ALPHA, chi_square_pvalue
 
 PROMPTS = ["def quicksort(arr):", "The quick brown fox", "éàü 中文 🎉"]
@@ -100,3 +104,32 @@ def test_a_wrong_history_length_is_refused_then_rebuilt(service, close_draft):
     streamed._service_history = [9, 9, 9]  # a belief the service does not share
     assert len(streamed.generate(close_draft.tokenize("hello"), 5).token_ids) == 5
     client.close()
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGKILL], ids=["drain", "kill"])
+def test_a_stream_cut_by_the_service_going_away_resumes_where_it_stopped(tiny, llamacpp_target, close_draft,
+                                                                        stop_signal):
+    """SIGTERM (the stream's last frame says going_away) or SIGKILL mid-stream, then a restart:
+    the server-only client reconnects, the new session is rebuilt, and the reply is whole."""
+    process, port = start_service(tiny.target_gguf)
+    link = ServiceLink(f"ws://127.0.0.1:{port}", hello_for(close_draft), backoff=FAST_BACKOFF)
+    streamed = ServerOnlyGenerator(link, close_draft.eos_id)
+    made: list[int] = []
+
+    def on_commit(tokens: list[int], provenance: list[str]) -> None:
+        nonlocal process
+        made.extend(tokens)
+        if len(made) >= 20 and link.connections == 1 and process.poll() is None:
+            process.send_signal(stop_signal)
+            process.wait(timeout=60)
+            process, _ = start_service(tiny.target_gguf, port)
+
+    prompt = close_draft.tokenize("def quicksort(arr):")
+    try:
+        result = streamed.generate(prompt, 80, on_commit)
+    finally:
+        link.close()
+        process.kill()
+    assert result.stop_reason == "max_tokens" and len(result.token_ids) == 80
+    assert result.token_ids == target_alone(llamacpp_target, prompt, 80)
+    assert link.connections == 2 and result.stats.round_trips == 2  # a new session takes the whole history
