@@ -49,7 +49,10 @@ class DraftModel:
                     n_ctx=n_ctx,
                     n_batch=512,
                     n_gpu_layers=gpu_layers,  # -1: every layer on the GPU when llama.cpp has one
+                    # batches (catching up after a round) too: llama-cpp-python's own default for
+                    # them is every core of the machine, which thrashes a process pinned to fewer
                     n_threads=n_threads or _usable_cpus(),
+                    n_threads_batch=n_threads or _usable_cpus(),
                     logits_all=False,  # logits are read for the last position only
                     vocab_only=vocab_only,  # tokenizer only: for clients that let the service generate
                     verbose=False,

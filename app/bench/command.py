@@ -71,6 +71,9 @@ def run(config: BenchConfig, out_dir: Path) -> dict:
             notes.append(f"hf-assisted left out: {missing}")
         else:
             runs += run_reference(config, ProgressBar("bench: hf-assisted", unit="runs", scale=1))
+    lost = sum(run.offline_tokens for run in runs)
+    if lost:
+        notes.append(f"the service was lost during the run: {lost} tokens were made offline, unverified")
     cells = summarize(runs)
     print(render_tables(cells, config.rtts_ms, config.kinds))
     print(render_checks(cells, config.rtts_ms, config.kinds))

@@ -49,6 +49,7 @@ class Run:
     service_s: float  # the service's busy time (queue, forward, acceptance)
     round_trips: int
     bytes: int  # payload bytes both ways
+    offline_tokens: int = 0  # made unverified because the service was lost (should stay 0)
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
@@ -61,5 +62,6 @@ class Run:
                    tokens=len(token_ids), wall_s=stats.wall_s, first_token_s=stats.first_token_s or stats.wall_s,
                    target_passes=stats.verified_rounds, service_s=stats.service_s,
                    round_trips=stats.round_trips, bytes=stats.bytes_sent + stats.bytes_received,
+                   offline_tokens=stats.offline if mode != "offline" else 0,
                    accepted_per_position=list(stats.accepted_per_position),
                    drafted_per_position=list(stats.drafted_per_position), token_ids=list(token_ids))

@@ -85,7 +85,7 @@ def run_bench(config: BenchConfig, progress: Callable[[int, int], None]) -> list
                                  cpus=service_cores)
     proxies: list[LatencyProxy] = []
     generators: dict[tuple[str, float], object] = {}
-    clients = []
+    links = []
     runs: list[Run] = []
     total, done = count_runs(config), 0
     try:
@@ -95,9 +95,9 @@ def run_bench(config: BenchConfig, progress: Callable[[int, int], None]) -> list
             proxies.append(proxy)
             for mode in config.modes:
                 if mode.uses_network:
-                    generator, client = _generator(mode, proxy.url, draft, params, config.seed)
+                    generator, link = _generator(mode, proxy.url, draft, params, config.seed)
                     generators[mode.name, rtt] = generator
-                    clients.append(client)
+                    links.append(link)
         for mode in config.modes:
             if mode.kind == "offline":
                 generators[mode.name, 0.0] = _generator(mode, None, draft, params, config.seed)[0]
@@ -118,8 +118,8 @@ def run_bench(config: BenchConfig, progress: Callable[[int, int], None]) -> list
                     done += 1
                     progress(done, total)
     finally:
-        for client in clients:
-            client.close()
+        for link in links:
+            link.close()
         for proxy in proxies:
             proxy.stop()
         service.terminate()
@@ -130,20 +130,22 @@ def run_bench(config: BenchConfig, progress: Callable[[int, int], None]) -> list
 
 
 def _generator(mode: Mode, url: str | None, draft, params, seed: int):
-    """(generator, client) for a mode; client is None when the mode needs no service."""
+    """(generator, link) for a mode; link is None when the mode needs no service."""
     from local_draft.server_only import ServerOnlyGenerator
+    from local_draft.service_link import ServiceLink
     from local_draft.speculator import Speculator
-    from local_draft.verify_client import VerifyClient
     from remote_verify.protocol import Hello
 
     if mode.kind == "offline":
         return Speculator(draft, None, params, seed=seed), None
     hello = Hello(vocab_fingerprint=draft.vocab_fingerprint, vocab_size=draft.vocab_size, bos_id=draft.bos_id,
                   eos_id=draft.eos_id, sampling=params, seed=seed, client=f"specwire bench ({mode.name})")
-    client = VerifyClient(url, hello)
+    # A link, as a user's client has: a session the service closed while this mode waited
+    # its turn (idle timeout) is reopened at once, and rebuilt from the history.
+    link = ServiceLink(url, hello)
     if mode.kind == "server":
-        return ServerOnlyGenerator(client, draft.eos_id), client
-    return Speculator(draft, client, params, k=mode.k, seed=seed, pipeline=mode.pipeline), client
+        return ServerOnlyGenerator(link, draft.eos_id), link
+    return Speculator(draft, link, params, k=mode.k, seed=seed, pipeline=mode.pipeline), link
 
 
 def _rotated(items: list, turn: int) -> list:
