@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="file holding the bearer token clients must send")
     serve.add_argument("--max-draft", type=int, default=32, help="longest draft block per round")
     serve.add_argument("--max-context", type=int, default=4096, help="longest history per session")
+    serve.add_argument("--exit-with-parent", action="store_true",
+                       help="stop when standard input closes (the program that started the service exited)")
     serve.set_defaults(run=commands.serve)
 
     demo = sub.add_parser("demo", help="run the whole pipeline on this machine, target alone vs speculation")

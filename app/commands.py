@@ -113,6 +113,10 @@ def serve(args: argparse.Namespace) -> int:
     from remote_verify.server import ServiceConfig, VerifyService
     from remote_verify.session import SessionLimits
 
+    if args.exit_with_parent:
+        from app.exit_with_parent import exit_with_parent
+
+        exit_with_parent()
     token = read_token_file(args.token_file)
     target = resolve_model(args, "target")
     try:
