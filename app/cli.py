@@ -8,6 +8,7 @@ import os
 import sys
 
 from app import commands
+from app.chat.arguments import add_chat_arguments
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="layers of the draft model on the GPU (-1: all, 0: none)")
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, token ids and stats")
     gen.set_defaults(run=commands.generate)
+
+    chat = sub.add_parser("chat", help="chat in the terminal: hybrid (default), remote (--server) or --offline")
+    add_chat_arguments(chat)
+    chat.set_defaults(run=commands.chat)
     return parser
 
 
