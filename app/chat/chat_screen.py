@@ -142,8 +142,12 @@ class ChatScreen(Screen):
         self.post_message(EngineReady() if ready else CommandDone(done))
 
     def on_progress(self, message: Progress) -> None:
-        for panel in self.query(LoadingPanel):
+        panels = self.query(LoadingPanel)
+        for panel in panels:
             panel.show(message.text, message.from_service)
+        if not panels and self.working and not message.from_service:  # /online: steps in the status line
+            self.working = message.text
+            self._show_status()
 
     async def on_engine_ready(self, message: EngineReady) -> None:
         self.working = ""

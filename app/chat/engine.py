@@ -46,11 +46,16 @@ class LiveStats:
     last_k: int  # what the latest round drafted
     rounds: int = 0
     generated: int = 0
-    offline: int = 0
+    offline: int = 0  # tokens (and rounds: one each) made while the service was away
+    drafted: int = 0
     acceptance_rate: float = 0.0
     tokens_per_round: float = 0.0
     tokens_per_s: float = 0.0
     round_trip_s: float = 0.0
+
+    @property
+    def verified_rounds(self) -> int:
+        return self.rounds - self.offline
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,7 @@ class ChatEngine:
         self.dropped_turns = 0  # oldest turns left out of the last prompt
         self._known_text = ""  # the text whose tokens are _known_tokens (the last prompt and its reply)
         self._known_tokens: list[int] = []
+        self._end_ids: frozenset[int] = frozenset()  # the drafter's end-of-generation tokens
         self._lock = threading.RLock()  # one blocking operation at a time
 
     # ---- state ----------------------------------------------------------------------
@@ -140,8 +146,8 @@ class ChatEngine:
         s = self.speculator.stats if self.speculator is not None else None
         if s is None:
             return LiveStats(self.mode, self.k, 0)
-        return LiveStats(self.mode, self.k, s.last_k, s.rounds, s.generated, s.offline, s.acceptance_rate,
-                         s.tokens_per_round, s.tokens_per_s, s.last_round_trip_s)
+        return LiveStats(self.mode, self.k, s.last_k, s.rounds, s.generated, s.offline, s.drafted,
+                         s.acceptance_rate, s.tokens_per_round, s.tokens_per_s, s.last_round_trip_s)
 
     # ---- starting -------------------------------------------------------------------
 
@@ -165,7 +171,7 @@ class ChatEngine:
             self.template = template_for(self.draft.chat_template, bos, eos)
             if self.template.is_fallback:
                 self.listener.note(None, f"{self.settings.draft.name} carries no usable chat template: using ChatML")
-            self.draft.end_ids  # noqa: B018 - computed now, not in the middle of the first reply
+            self._end_ids = self.draft.end_ids  # a scan of the vocabulary: now, not in the first reply
             self.speculator = Speculator(self.draft, None, self.params, k=self.k, seed=self.settings.seed)
             if self.settings.system is not None and self.settings.system != self.conversation.system:
                 self._set_system(self.settings.system)
@@ -192,7 +198,8 @@ class ChatEngine:
         except UserError as exc:
             raise StartupProblem("missing_model", str(exc), retry_possible=False) from exc
         self.service = EmbeddedService(target, self.settings.backend, restart=self.settings.restart_service,
-                                       on_output=lambda line: self.listener.progress(line, True), on_event=self._on_service_event)
+                                       on_output=lambda line: self.listener.progress(line, True),
+                                       on_event=self._on_service_event)
         self.listener.progress(f"starting the verification service for {Path(target).name}")
         self.service.launch()
 
@@ -228,7 +235,7 @@ class ChatEngine:
         self.service_context = welcome.max_context
         self.max_draft = welcome.max_draft
         if self.k is not None and self.k > self.max_draft:
-            self.listener.note(None, f"k = {self.k} is more than this service verifies in a round: k = {self.max_draft}")
+            self.listener.note(None, f"k = {self.k} is more than this service verifies a round: k = {self.max_draft}")
             self.set_k(self.max_draft)
         self._set_connection(Connection(True, self._where()))
 
@@ -318,7 +325,7 @@ class ChatEngine:
                 self.current_turn = None
 
     def _generate(self, turn: int, prompt_text: str, prompt: list[int], should_stop) -> ReplyOutcome:
-        draft, end_ids = self.draft, self.draft.end_ids
+        draft, end_ids = self.draft, self._end_ids
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         kept: list[int] = []  # the reply's tokens up to an end token
         ended = False
@@ -410,7 +417,18 @@ class ChatEngine:
                                         state.retry_in_s))
 
     def _on_service_event(self, text: str, running: bool) -> None:
+        """The embedded service died or came back (on the service's watcher thread)."""
         self.note(self.current_turn, text)
+        link = self.link
+        if running and link is not None and not link.connected:
+            # We know it is back: connect now rather than at the link's next backoff step (up
+            # to 15 s away). The old link is down, so no round is in flight on it to disturb.
+            try:
+                self._open_link()
+            except StartupProblem as exc:
+                self.note(self.current_turn, f"could not reconnect: {exc}")
+                return
+            self.note(self.current_turn, "reconnected to the embedded service: rounds are verified again")
 
     def _set_connection(self, connection: Connection) -> None:
         self.connection = connection

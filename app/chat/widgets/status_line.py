@@ -25,14 +25,14 @@ class StatusLine(Static):
             parts.append(Text("● " + connection.detail, style("status--up")))
         else:
             parts.append(Text("○ " + connection.detail, style("status--down")))
-        if stats.mode != "offline" and not self.steady and stats.rounds:
+        if stats.mode != "offline" and not self.steady and stats.verified_rounds:
             parts.append(self._field("rtt", f"{stats.round_trip_s * 1000:.0f} ms"))
         k = "auto" if stats.k is None else str(stats.k)
         if stats.k is None and stats.last_k:
             k += f" ({stats.last_k})"
         parts.append(self._field("k", k))
         if stats.rounds:
-            if stats.mode != "offline":
+            if stats.drafted:
                 parts.append(self._field("accept", f"{stats.acceptance_rate:.0%}"))
             parts.append(self._field("tok/round", f"{stats.tokens_per_round:.2f}"))
             if not self.steady:
