@@ -79,6 +79,23 @@ async def send(pilot, text: str) -> None:
     from app.chat.widgets.prompt_input import PromptInput
 
     prompt = pilot.app.screen.query_one(PromptInput)
+    prompt.focus()  # applied on a later tick: wait for it, or Enter goes elsewhere
+    await wait_for(pilot, lambda: prompt.has_focus, what="the prompt box to have the focus")
     prompt.load_text(text)
     await pilot.press("enter")
-    await asyncio.sleep(0)
+
+
+async def answered(pilot, text: str):
+    """Send `text` and wait until its reply has finished (however fast); the reply's widget."""
+    from app.chat.widgets.assistant_turn import AssistantTurn
+
+    screen = pilot.app.chat_screen
+    before = len(screen.query(AssistantTurn))
+    await send(pilot, text)
+
+    def finished() -> bool:
+        turns = screen.query(AssistantTurn)
+        return len(turns) > before and turns.last().finished and not screen.replying
+
+    await wait_for(pilot, finished, what=f"the reply to {text!r}")
+    return screen.query(AssistantTurn).last()

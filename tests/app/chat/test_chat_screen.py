@@ -18,7 +18,7 @@ from app.chat.widgets.marked_text import MarkedText
 from app.chat.widgets.prompt_input import PromptInput
 from app.chat.widgets.status_line import StatusLine
 from app.chat.widgets.turns import Notice, UserTurn
-from tests.app.chat.conftest import send, start_tiny_service, wait_for
+from tests.app.chat.conftest import answered, send, start_tiny_service, wait_for
 
 SIZE = (100, 32)
 
@@ -38,17 +38,9 @@ def _plain(widget) -> str:
 
 
 async def _ready(pilot) -> None:
+    """The chat started and its prompt box has the focus (given on a later tick)."""
     await wait_for(pilot, lambda: pilot.app.chat_screen.ready, what="the chat to start")
-
-
-async def _answered(pilot, text: str) -> AssistantTurn:
-    """Send `text`, wait for the whole reply; the reply's widget."""
-    screen = pilot.app.chat_screen
-    await send(pilot, text)
-    await wait_for(pilot, lambda: screen.current is not None, what="the reply to start")
-    turn = screen.current
-    await wait_for(pilot, lambda: not screen.replying, what="the reply to end")
-    return turn
+    await wait_for(pilot, lambda: pilot.app.screen.query_one(PromptInput).has_focus, what="the focus")
 
 
 async def test_a_prompt_is_answered_and_the_prompt_box_is_enabled_again(chat_settings, tiny_service):
@@ -58,13 +50,12 @@ async def test_a_prompt_is_answered_and_the_prompt_box_is_enabled_again(chat_set
     async with app.run_test(size=SIZE) as pilot:
         await _ready(pilot)
         prompt = app.screen.query_one(PromptInput)
-        assert not prompt.disabled and prompt.has_focus
-        await send(pilot, "def quicksort(arr):")
-        await wait_for(pilot, lambda: app.chat_screen.current is not None)
-        assert prompt.disabled
-        turn = app.chat_screen.current
-        await wait_for(pilot, lambda: not app.chat_screen.replying)
-        assert not prompt.disabled and prompt.has_focus and prompt.text == ""
+        assert not prompt.disabled
+        disabled = []
+        app.chat_screen.watch(prompt, "disabled", lambda value: disabled.append(value), init=False)
+        turn = await answered(pilot, "def quicksort(arr):")
+        assert disabled == [True, False]  # while the reply streamed, and not after
+        assert prompt.has_focus and prompt.text == ""
         assert [_plain(w) for w in app.screen.query(UserTurn).first().query(".body")] == ["def quicksort(arr):"]
         assert len(turn.reply.provenance) == 48 and {"draft", "target"} <= set(turn.reply.provenance)
         assert _plain(turn.query_one(MarkedText)) == turn.reply.text.replace("\r\n", "\n") or turn.reply.text
@@ -99,27 +90,34 @@ async def test_esc_stops_a_reply_and_keeps_what_came(chat_settings, tiny_service
 async def test_killing_the_service_mid_reply_goes_offline_marked_and_verifies_again_after(chat_settings):
     """The embedded service is SIGKILLed mid-reply: a notice, the reply completes with unverified tokens
     marked; the service is restarted, the link reconnects, and the next reply is verified again."""
-    app = ChatApp(chat_settings(max_tokens=400))
+    app = ChatApp(chat_settings(max_tokens=150))
     async with app.run_test(size=SIZE) as pilot:
         await _ready(pilot)
-        await send(pilot, "def quicksort(arr):")
-        await wait_for(pilot, lambda: app.chat_screen.current is not None)
-        turn = app.chat_screen.current
-        await wait_for(pilot, lambda: len(turn.reply.provenance) >= 8)
-        os.kill(app.engine.service.process.pid, signal.SIGKILL)
-        await wait_for(pilot, lambda: not app.chat_screen.replying, what="the reply to finish offline")
+        listener, killed = app.engine.listener, []
+        committed = listener.committed
+
+        def kill_after_eight_tokens(turn, provenance, pieces, stats) -> None:
+            committed(turn, provenance, pieces, stats)  # on the generation thread, as each round commits
+            if stats.generated >= 8 and not killed:
+                killed.append(app.engine.service.process.pid)
+                os.kill(killed[0], signal.SIGKILL)
+
+        listener.committed = kill_after_eight_tokens
+        turn = await answered(pilot, "def quicksort(arr):")
         marks = turn.reply.provenance
-        assert len(marks) == 400 and turn.reply.stop_reason == "max_tokens"
+        assert killed and len(marks) == 150 and turn.reply.stop_reason == "max_tokens"
         first_offline = marks.index("offline")
         assert first_offline >= 8 and set(marks[:first_offline]) <= {"draft", "target"}
         notes = _plain(turn.query_one(".notes"))
         assert "lost the verification service" in notes and "unverified tokens are marked" in notes
         assert "unverified" in _plain(turn.query_one(".summary"))
         offline_style = turn.query_one(MarkedText).get_component_rich_style("provenance--offline")
-        assert offline_style.italic and any(span.style == offline_style for span in turn.query_one(MarkedText)._text.spans)
+        spans = turn.query_one(MarkedText)._text.spans
+        assert offline_style.italic and any(span.style == offline_style for span in spans)
 
         await wait_for(pilot, lambda: app.engine.connection.connected, what="the reconnect")
-        again = await _answered(pilot, "and again")
+        assert app.engine.service.process.pid != killed[0]
+        again = await answered(pilot, "and again")
         assert again.reply.provenance and "offline" not in again.reply.provenance
 
 
@@ -129,7 +127,7 @@ async def test_a_saved_chat_is_resumed_whole_and_continued(chat_settings, tiny_s
     first = ChatApp(chat_settings(server=tiny_service))
     async with first.run_test(size=SIZE) as pilot:
         await _ready(pilot)
-        before = await _answered(pilot, "def quicksort(arr):")
+        before = await answered(pilot, "def quicksort(arr):")
         path = first.engine.chat.path
         prompt_tokens = before.reply.stats["prompt_tokens"]
 
@@ -140,7 +138,7 @@ async def test_a_saved_chat_is_resumed_whole_and_continued(chat_settings, tiny_s
         assert shown.reply.text == before.reply.text and shown.reply.provenance == before.reply.provenance
         assert _plain(app.screen.query(UserTurn).first().query_one(".body")) == "def quicksort(arr):"
         assert "resumed chat" in _plain(app.screen.query(Notice).first())
-        after = await _answered(pilot, "and in C?")
+        after = await answered(pilot, "and in C?")
         assert after.turn == 2 and after.reply.stats["prompt_tokens"] > prompt_tokens + len(before.reply.provenance)
         assert app.engine.chat.path == path
     assert [turn.number for turn in app.engine.conversation.load(path).turns] == [1, 2]
@@ -170,10 +168,10 @@ async def test_a_service_that_cannot_be_used_is_explained_and_offline_is_offered
         async with app.run_test(size=SIZE) as pilot:
             await wait_for(pilot, lambda: isinstance(app.screen, ProblemScreen), what="the problem dialog")
             assert expected in _plain(app.screen.query_one("#problem-message"))
-            assert app.screen.query("#offline")
+            await wait_for(pilot, lambda: app.screen.query("#offline"), what="the offer to go offline")
             await pilot.press("o")
             await _ready(pilot)
-            turn = await _answered(pilot, "hello")
+            turn = await answered(pilot, "hello")
             assert set(turn.reply.provenance) == {"offline"}
             assert _plain(app.screen.query_one(StatusLine)).startswith("offline")
     finally:
@@ -201,7 +199,7 @@ async def test_slash_commands_change_the_chat(chat_settings, tiny_service, tmp_p
         await send(pilot, "/system answer in French")
         assert app.engine.conversation.system == "answer in French"
 
-        turn = await _answered(pilot, "hello")
+        turn = await answered(pilot, "hello")
         assert turn.reply.stats["k"] == 2 and turn.reply.stats["temperature"] == 0.8
         await send(pilot, "/marks")
         assert not turn.query_one(MarkedText).display and turn.query_one("Markdown").display
@@ -216,7 +214,7 @@ async def test_slash_commands_change_the_chat(chat_settings, tiny_service, tmp_p
         await send(pilot, "/clear")
         assert not screen.query(AssistantTurn) and app.engine.chat is None
         assert previous.stem in _plain(screen.query(Notice).last())
-        await _answered(pilot, "a new start")
+        await answered(pilot, "a new start")
         assert app.engine.chat.path != previous and len(app.engine.conversation.turns) == 1
 
 

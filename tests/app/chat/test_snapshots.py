@@ -9,17 +9,14 @@ from __future__ import annotations
 
 from app.chat.chat_app import ChatApp
 from app.chat.problem_screen import ProblemScreen
-from tests.app.chat.conftest import send, wait_for
+from tests.app.chat.conftest import answered, send, wait_for
 
 SIZE = (100, 34)
 
 
 async def _answer(pilot, text: str) -> None:
-    screen = pilot.app.chat_screen
-    await wait_for(pilot, lambda: screen.ready, what="the chat to start")
-    await send(pilot, text)
-    await wait_for(pilot, lambda: screen.current is not None, what="the reply to start")
-    await wait_for(pilot, lambda: not screen.replying, what="the reply to end")
+    await wait_for(pilot, lambda: pilot.app.chat_screen.ready, what="the chat to start")
+    await answered(pilot, text)
 
 
 def test_snapshot_a_verified_reply_with_provenance_marks_and_stats(snap_compare, chat_settings):
