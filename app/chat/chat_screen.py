@@ -44,6 +44,7 @@ from app.chat.widgets.prompt_input import PromptInput
 from app.chat.widgets.status_line import StatusLine
 from app.chat.widgets.top_bar import Legend, TopBar
 from app.chat.widgets.turns import Notice, UserTurn
+from models.registry import RegistryError, get_pair
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,10 @@ class ChatScreen(Screen):
         elif self.settings.target:
             target = Path(self.settings.target).name
         else:
-            target = f"pair {self.settings.pair or 'default'}"
+            try:
+                target = get_pair(self.settings.pair).target.filename
+            except RegistryError:  # told properly when the service starts
+                target = f"pair {self.settings.pair or 'default'}"
         return f"specwire chat · {self.settings.draft.name} ⇢ {target}"
 
     def on_mount(self) -> None:
