@@ -103,7 +103,7 @@ class ChatScreen(Screen):
                 target = get_pair(self.settings.pair).target.filename
             except RegistryError:  # told properly when the service starts
                 target = f"pair {self.settings.pair or 'default'}"
-        return f"specwire chat · {self.settings.draft.name} ⇢ {target}"
+        return f"specwire · {self.settings.draft.name.removesuffix('.gguf')} ⇢ {target.removesuffix('.gguf')}"
 
     def on_mount(self) -> None:
         self.query_one("#transcript", VerticalScroll).anchor()
@@ -369,7 +369,7 @@ class ChatScreen(Screen):
         if not conversation.turns:
             raise ValueError("nothing to save yet")
         try:
-            path = save_markdown(conversation, self._title().split(" · ", 1)[1],
+            path = save_markdown(conversation, self._title().removeprefix("specwire · "),
                                  Path(argument) if argument else default_path(conversation))
         except OSError as exc:
             raise ValueError(f"cannot write {argument or default_path(conversation)}: {exc.strerror or exc}") from exc

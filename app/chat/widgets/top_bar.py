@@ -9,7 +9,7 @@ from textual.widgets import Static
 
 from app.chat.widgets.marked_text import PROVENANCE_CLASSES
 
-LEGEND = (("draft", "accepted draft"), ("target", "target"), ("offline", "unverified"))
+LEGEND = (("draft", "draft"), ("target", "target"), ("offline", "unverified"))  # accepted draft, the target's own
 
 
 class Legend(Static):
