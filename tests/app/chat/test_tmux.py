@@ -113,7 +113,11 @@ def tmux(tmp_path):
         pytest.fail("tmux is not installed: `bash packaging/install.sh --dev` installs it (apt-get install tmux)")
     server = Tmux(f"specwire-test-{os.getpid()}")
     yield server
+    socket = subprocess.run(["tmux", "-L", server.socket, "display-message", "-p", "#{socket_path}"],
+                            capture_output=True, text=True).stdout.strip()
     subprocess.run(["tmux", "-L", server.socket, "kill-server"], capture_output=True)
+    if socket:
+        Path(socket).unlink(missing_ok=True)  # tmux leaves it behind
 
 
 def test_the_real_chat_in_tmux_answers_goes_offline_resumes_and_leaves_no_service_behind(tiny, tmp_path, tmux):
