@@ -8,6 +8,7 @@ import os
 import sys
 
 from app import commands
+from app.chat.arguments import add_chat_arguments
 from app.serve_command import add_service_arguments
 
 
@@ -43,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-draft", type=int, default=32, help="longest draft block per round (default: %(default)s)")
     serve.add_argument("--max-context", type=int, default=4096,
                        help="longest history per session (default: %(default)s)")
+    serve.add_argument("--exit-with-parent", action="store_true",
+                       help="stop when standard input closes (the program that started the service exited)")
     add_service_arguments(serve)
     serve.set_defaults(run=commands.serve)
 
@@ -97,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "tokens/s, target passes, round trips and bytes per token (table, JSON, plot)")
     add_bench_arguments(bench)
     bench.set_defaults(run=commands.bench)
+
+    chat = sub.add_parser("chat", help="chat in the terminal: hybrid (default), remote (--server) or --offline")
+    add_chat_arguments(chat)
+    chat.set_defaults(run=commands.chat)
     return parser
 
 

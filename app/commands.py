@@ -234,3 +234,9 @@ def demo(args: argparse.Namespace) -> int:
         return run_demo(k=args.k, max_tokens=args.max_tokens, tiny=args.tiny)
     except subprocess.CalledProcessError as exc:
         raise UserError(f"the demo could not prepare its models ({exc})") from exc
+
+
+def chat(args: argparse.Namespace) -> int:
+    from app.chat.launch import run_chat
+
+    return run_chat(args)

@@ -60,6 +60,10 @@ def run_serve(args: argparse.Namespace) -> int:
     from remote_verify.server import ServiceConfig, TargetLoadError, VerifyService
     from remote_verify.session import SessionLimits
 
+    if args.exit_with_parent:
+        from app.exit_with_parent import exit_with_parent
+
+        exit_with_parent()
     if args.log_format == "json":
         use_json_logs()
     token = read_token_file(args.token_file)

@@ -68,6 +68,7 @@ class DraftModel:
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
         self.gpu_offload = bool(llama_cpp.llama_supports_gpu_offload()) and gpu_layers != 0
         self._fingerprint: str | None = None
+        self._end_ids: frozenset[int] | None = None
         log.info("draft model %s: vocab %d, gpu offload %s", path.name, self.vocab_size, self.gpu_offload)
 
     # ---- vocabulary -----------------------------------------------------------------
@@ -85,6 +86,14 @@ class DraftModel:
     @property
     def chat_template(self) -> str | None:
         return self._llama.metadata.get("tokenizer.chat_template")
+
+    @property
+    def end_ids(self) -> frozenset[int]:
+        """Every token that ends a generation: EOS, and its kin (Qwen's <|endoftext|> next to <|im_end|>)."""
+        if self._end_ids is None:
+            self._end_ids = frozenset(
+                i for i in range(self.vocab_size) if llama_cpp.llama_vocab_is_eog(self._vocab, i)) | {self.eos_id}
+        return self._end_ids
 
     def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
         add_bos = self.add_bos if add_bos is None else add_bos

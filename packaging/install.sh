@@ -38,7 +38,7 @@ if [[ "${1:-}" == "--dev" ]] && ! command -v tmux >/dev/null; then
     if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
         apt-get install -y -qq tmux >/dev/null || { apt-get update -qq && apt-get install -y -qq tmux >/dev/null; }
     else
-        echo "tmux is not installed: the chat app's tmux test will be skipped (install tmux to run it)" >&2
+        echo "tmux is not installed: the chat app's tmux test will fail (install tmux to run it)" >&2
     fi
 fi
 echo "specwire installed in $(pwd)/.venv (run .venv/bin/specwire --help)"

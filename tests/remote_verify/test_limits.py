@@ -16,7 +16,7 @@ from local_draft.speculator import Speculator
 from local_draft.verify_client import ServiceBusy, VerifyClient
 from remote_verify.limits import ServiceLimits, TokenBucket
 from remote_verify.protocol import (
-    CLOSE_IDLE_TIMEOUT, SUBPROTOCOL, Error, SamplingParams, Verdict, Verify, Welcome, decode_server_message, encode,
+    CLOSE_IDLE_TIMEOUT, SUBPROTOCOL, SamplingParams, Verdict, Verify, Welcome, decode_server_message, encode,
 )
 from remote_verify.session import SessionLimits
 from tests.conftest import RunningService, hello_for

@@ -1,0 +1,54 @@
+"""The flags of `specwire chat` (kept here so that app/cli.py only names the subcommand)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+LATEST = ""  # `--resume` without an id: the most recent chat
+
+
+def k_setting(text: str) -> int | None:
+    """--k: a number of draft tokens, or auto (None)."""
+    if text.lower() == "auto":
+        return None
+    try:
+        k = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or auto, got {text!r}") from None
+    if k < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {k}")
+    return k
+
+
+def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    models = parser.add_argument_group("models (default: the default pair, verified by an embedded service)")
+    models.add_argument("--draft", help="draft model GGUF file (default: the draft of --pair)")
+    models.add_argument("--target", help="target of the embedded service: a GGUF file or a Hugging Face folder")
+    models.add_argument("--pair", default=env("SPECWIRE_PAIR"), help="model pair (default: the default pair)")
+    models.add_argument("--backend", default=env("SPECWIRE_BACKEND", "auto"), choices=["auto", "torch", "llamacpp"],
+                        help="the embedded service's engine (as for serve)")
+    models.add_argument("--draft-gpu-layers", type=int, default=-1,
+                        help="layers of the draft model on the GPU (-1: all, 0: none)")
+    service = parser.add_argument_group("service")
+    service.add_argument("--server", default=env("SPECWIRE_SERVER"),
+                         help="ws://HOST:PORT (or wss://) of a remote verification service instead of the embedded one")
+    service.add_argument("--token-file", default=env("SPECWIRE_TOKEN_FILE"), help="bearer token for --server")
+    service.add_argument("--ca-file", default=env("SPECWIRE_CA_FILE"), help="CA certificates for a wss:// --server")
+    service.add_argument("--offline", action="store_true", help="start with the draft model alone (/online later)")
+    generation = parser.add_argument_group("generation")
+    generation.add_argument("--k", type=k_setting, default=None, metavar="N|auto",
+                            help="draft tokens per round (default: auto); 0: the service writes every token")
+    generation.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    generation.add_argument("--top-k", type=int, default=0, help="0 keeps every token")
+    generation.add_argument("--top-p", type=float, default=1.0)
+    generation.add_argument("--seed", type=int, default=None, help="makes sampled replies reproducible")
+    generation.add_argument("--system", help="system prompt (default: the resumed chat's, or the template's)")
+    generation.add_argument("--max-tokens", type=int, default=1024, help="longest reply, in tokens")
+    generation.add_argument("--context", type=int, default=4096,
+                            help="context of the draft model; the oldest turns are left out beyond it")
+    chats = parser.add_argument_group("saved chats ($XDG_DATA_HOME/specwire/chats)")
+    chats.add_argument("--resume", nargs="?", const=LATEST, metavar="ID",
+                       help="continue a saved chat (default: the latest)")
+    chats.add_argument("--list", action="store_true", help="list the saved chats and exit")

@@ -1,0 +1,36 @@
+"""The chat application: it composes the chat screen and adds the slash commands to the palette."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Iterable
+
+from textual.app import App, SystemCommand
+from textual.screen import Screen
+
+from app.chat.chat_screen import ChatScreen
+from app.chat.settings import ChatSettings
+from app.chat.slash_commands import COMMANDS
+
+
+class ChatApp(App):
+    CSS_PATH = "chat.tcss"
+    TITLE = "specwire chat"
+
+    def __init__(self, settings: ChatSettings):
+        super().__init__()
+        self.settings = settings
+        self.chat_screen = ChatScreen(settings)
+
+    @property
+    def engine(self):
+        return self.chat_screen.engine
+
+    def on_mount(self) -> None:
+        self.push_screen(self.chat_screen)
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        if isinstance(screen, ChatScreen):
+            for command in COMMANDS:
+                yield SystemCommand(command.usage, command.help, partial(screen.palette_command, command))

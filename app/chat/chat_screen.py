@@ -1,0 +1,423 @@
+"""The chat screen: it coordinates the transcript, the prompt box, the status line and the engine.
+
+Every blocking call into the engine (starting, replying, connecting, new sampling
+settings) runs in the one exclusive thread worker group "engine"; the engine answers with
+messages (app/chat/messages.py), and only this screen's handlers change the widgets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from pathlib import Path
+from typing import Callable
+
+import msgspec
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer
+
+from app.chat.engine import BusyError, ChatEngine, Connection, LiveStats, StartupProblem
+from app.chat.export import default_path, save_markdown
+from app.chat.messages import (
+    CommandDone,
+    ConnectionChanged,
+    EngineReady,
+    NoteAdded,
+    Progress,
+    ReplyFinished,
+    ScreenListener,
+    StartupFailed,
+    TokensCommitted,
+)
+from app.chat.problem_screen import ProblemScreen
+from app.chat.settings import ChatSettings
+from app.chat.slash_commands import SlashCommand, help_text, is_command, parse, parse_k, parse_temperature
+from app.chat.stats_table import stats_table
+from app.chat.widgets.assistant_turn import AssistantTurn
+from app.chat.widgets.loading_panel import LoadingPanel
+from app.chat.widgets.prompt_input import PromptInput
+from app.chat.widgets.status_line import StatusLine
+from app.chat.widgets.top_bar import Legend, TopBar
+from app.chat.widgets.turns import Notice, UserTurn
+from models.registry import RegistryError, get_pair
+
+log = logging.getLogger(__name__)
+
+STREAM_FPS = 20  # screen updates a second while a reply streams
+
+
+class ChatScreen(Screen):
+    BINDINGS = [
+        Binding("escape", "stop_reply", "Stop"),
+        Binding("ctrl+t", "toggle_marks", "Marks"),
+    ]
+
+    def __init__(self, settings: ChatSettings):
+        super().__init__()
+        self.settings = settings
+        self.engine = ChatEngine(settings, ScreenListener(self))
+        self.marks = True  # provenance marks on: the point of the tool; ctrl+t shows rendered Markdown
+        self.ready = False
+        self.replying = False
+        self.working = ""  # what a slow command is doing ("connecting ..."), shown in the status line
+        self.stop_requested = threading.Event()
+        self.current: AssistantTurn | None = None  # the reply streaming now
+        self._unshown: list[TokensCommitted] = []  # rounds committed but not drawn yet
+        self.stats = LiveStats(self.engine.mode, settings.k, 0)
+        self.problem: StartupProblem | None = None  # the last startup problem shown
+
+    # ---- layout ---------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield TopBar(self._title(), self.marks)
+        conversation = self.engine.conversation
+        with VerticalScroll(id="transcript"):
+            if self.settings.resume:
+                yield Notice(f"resumed chat {conversation.chat_id}: {len(conversation.turns)} turn"
+                             f"{'s' if len(conversation.turns) != 1 else ''}")
+            for turn in conversation.turns:
+                yield UserTurn(turn.user)
+                yield AssistantTurn(turn.number, self.marks, self.settings.steady_display,
+                                    reply=dataclasses.replace(turn.reply))
+            yield LoadingPanel(self.settings.steady_display)
+        prompt = PromptInput(sent_prompts=[turn.user for turn in conversation.turns], id="prompt")
+        prompt.disabled = True
+        if self.settings.steady_display:
+            prompt.cursor_blink = False
+        yield prompt
+        yield StatusLine(self.settings.steady_display, id="status")
+        yield Footer()
+
+    def _title(self) -> str:
+        if self.settings.server:
+            target = self.settings.server
+        elif self.settings.target:
+            target = Path(self.settings.target).name
+        else:
+            try:
+                target = get_pair(self.settings.pair).target.filename
+            except RegistryError:  # told properly when the service starts
+                target = f"pair {self.settings.pair or 'default'}"
+        return f"specwire · {self.settings.draft.name.removesuffix('.gguf')} ⇢ {target.removesuffix('.gguf')}"
+
+    def on_mount(self) -> None:
+        self.query_one("#transcript", VerticalScroll).anchor()
+        self._show_status()
+        # A fast drafter commits hundreds of rounds a second: redraw at a steady rate instead
+        # of once a round, so the screen never holds the generation back.
+        self.set_interval(1 / STREAM_FPS, self._show_tokens)
+        self.start_engine()
+
+    def on_unmount(self) -> None:
+        self.stop_requested.set()
+        self.engine.close()
+
+    # ---- starting -------------------------------------------------------------------
+
+    @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
+    def start_engine(self) -> None:
+        self._engine_call(self.engine.start, ready=True)
+
+    @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
+    def connect_engine(self, ready: bool) -> None:
+        self._engine_call(self.engine.connect, ready=ready, done="online: rounds are verified by the target")
+
+    def _engine_call(self, call: Callable[[], None], ready: bool, done: str = "") -> None:
+        """Run a blocking engine call; report a startup problem (before ready) or a command's end."""
+        try:
+            call()
+        except StartupProblem as problem:
+            self.post_message(StartupFailed(problem) if ready else CommandDone(f"could not go online: {problem}", True))
+            return
+        except BusyError as exc:
+            self.post_message(CommandDone(f"{exc}: wait for it to end (or press esc)", True))
+            return
+        except Exception as exc:  # never a crash: say what happened, keep the chat
+            log.exception("engine call failed")
+            problem = StartupProblem("error", f"{exc!r} (details in the log file)",
+                                     offline_possible=self.engine.speculator is not None, retry_possible=False)
+            self.post_message(StartupFailed(problem) if ready else CommandDone(str(problem), True))
+            return
+        self.post_message(EngineReady() if ready else CommandDone(done))
+
+    def on_progress(self, message: Progress) -> None:
+        panels = self.query(LoadingPanel)
+        for panel in panels:
+            panel.show(message.text, message.from_service)
+        if not panels and self.working and not message.from_service:  # /online: steps in the status line
+            self.working = message.text
+            self._show_status()
+
+    async def on_engine_ready(self, message: EngineReady) -> None:
+        self.working = ""
+        await self.query(LoadingPanel).remove()
+        prompt = self.query_one(PromptInput)
+        prompt.disabled = False
+        prompt.focus()
+        self.ready = True
+        self._show_status()
+
+    def on_startup_failed(self, message: StartupFailed) -> None:
+        self.problem = message.problem
+        self.app.push_screen(ProblemScreen(message.problem), self._after_problem)
+
+    def _after_problem(self, answer: str | None) -> None:
+        if answer == "offline":
+            self.engine.go_offline()
+            self.post_message(EngineReady())
+        elif answer == "retry":
+            for panel in self.query(LoadingPanel):
+                panel.show("retrying")
+            self.connect_engine(ready=True)
+        else:
+            self.app.exit(return_code=2, message=f"specwire chat: {self.problem}")
+
+    # ---- sending and streaming ------------------------------------------------------
+
+    async def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
+        text = message.text
+        if not text.strip() or not self.ready:
+            return
+        if is_command(text):
+            await self.run_command_text(text)
+            return
+        if self.replying or self.working:
+            self.add_notice("wait for the reply to end (or press esc to stop it)", "warning")
+            return
+        text = text[1:] if text.startswith("//") else text
+        try:
+            self.engine.check_prompt(text)
+        except ValueError as exc:  # too long: the text stays in the box to be shortened
+            self.add_notice(str(exc), "error")
+            return
+        prompt = self.query_one(PromptInput)
+        prompt.remember(message.text)
+        prompt.clear()
+        transcript = self.query_one("#transcript", VerticalScroll)
+        self.current = AssistantTurn(self.engine.conversation.next_turn, self.marks, self.settings.steady_display)
+        await transcript.mount_all([UserTurn(text), self.current])
+        self._set_replying(True)
+        self.run_reply(text)
+
+    @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
+    def run_reply(self, text: str) -> None:
+        self.stop_requested.clear()
+        try:
+            outcome = self.engine.reply(text, self.stop_requested.is_set)
+        except ValueError as exc:
+            self.post_message(ReplyFinished(None, str(exc)))
+        except Exception as exc:  # the engine saved what it could; the app goes on
+            log.exception("the reply failed")
+            self.post_message(ReplyFinished(None, f"the reply failed: {exc!r} (details in the log file)"))
+        else:
+            self.post_message(ReplyFinished(outcome))
+
+    def on_tokens_committed(self, message: TokensCommitted) -> None:
+        self._unshown.append(message)  # shown by _show_tokens, at most STREAM_FPS times a second
+
+    async def _show_tokens(self) -> None:
+        """Put the rounds committed since the last call on screen, in one update."""
+        if not self._unshown:
+            return
+        rounds, self._unshown = self._unshown, []
+        if self.current is not None:
+            mine = [r for r in rounds if r.turn == self.current.turn]
+            await self.current.add([p for r in mine for p in r.pieces], [p for r in mine for p in r.provenance])
+        self.stats = rounds[-1].stats
+        self._show_status()
+
+    async def on_reply_finished(self, message: ReplyFinished) -> None:
+        await self._show_tokens()
+        if self.current is not None:
+            outcome = message.outcome
+            await self.current.finish(outcome.stop_reason if outcome else "error", outcome.stats if outcome else {})
+        if message.error:
+            self.add_notice(message.error, "error")
+        self.current = None
+        self.stats = self.engine.live_stats()
+        self._set_replying(False)
+
+    def on_note_added(self, message: NoteAdded) -> None:
+        turns = [t for t in self.query(AssistantTurn) if t.turn == message.turn] if message.turn else []
+        if turns:
+            turns[-1].add_note(message.text)
+        else:
+            self.add_notice(message.text, "warning")
+        self._show_status()
+
+    def on_connection_changed(self, message: ConnectionChanged) -> None:
+        self._show_status()
+
+    def _set_replying(self, replying: bool) -> None:
+        self.replying = replying
+        prompt = self.query_one(PromptInput)
+        prompt.disabled = replying
+        if not replying:
+            prompt.focus()
+        self.refresh_bindings()
+        self._show_status()
+
+    def action_stop_reply(self) -> None:
+        if self.replying:
+            self.stop_requested.set()
+            self.working = "stopping"
+            self._show_status()
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        if action == "stop_reply":
+            return self.replying  # shown in the footer only while a reply streams
+        return True
+
+    async def action_toggle_marks(self) -> None:
+        self.marks = not self.marks
+        self.query_one(Legend).show(self.marks)
+        for turn in self.query(AssistantTurn):
+            await turn.set_marks(self.marks)
+
+    # ---- slash commands -------------------------------------------------------------
+
+    async def run_command_text(self, text: str) -> None:
+        """Carry out `/name argument`; on an error the text stays in the box to be fixed."""
+        try:
+            command, argument = parse(text)
+            await getattr(self, f"command_{command.name}")(argument)
+        except ValueError as exc:
+            self.add_notice(str(exc), "error")
+            return
+        except BusyError:
+            self.add_notice("that has to wait for the reply to end (or press esc to stop it)", "warning")
+            return
+        except Exception as exc:  # a bug in one command must not take the chat down
+            log.exception("command %s failed", text)
+            self.add_notice(f"{text.split()[0]} failed: {exc!r} (details in the log file)", "error")
+            return
+        prompt = self.query_one(PromptInput)
+        prompt.remember(text)
+        prompt.clear()
+
+    def palette_command(self, command: SlashCommand) -> None:
+        """From the command palette: run it, or put it in the box when it takes an argument."""
+        if command.argument:
+            prompt = self.query_one(PromptInput)
+            prompt.load_text(f"/{command.name} ")
+            prompt.move_cursor(prompt.document.end)
+            prompt.focus()
+        else:
+            self.run_worker(self.run_command_text(f"/{command.name}"), exclusive=False)
+
+    async def command_help(self, argument: str) -> None:
+        self.add_notice(help_text())
+
+    async def command_offline(self, argument: str) -> None:
+        if self.engine.link is None:
+            raise ValueError("already offline: /online verifies again")
+        self._slow(self.engine.go_offline, "going offline", "offline: the draft model alone, tokens unverified")
+
+    async def command_online(self, argument: str) -> None:
+        if self.engine.link is not None:
+            raise ValueError(f"already online ({self.engine.connection.detail})")
+        self._refuse_while_busy()
+        self.working = "connecting"
+        self._show_status()
+        self.connect_engine(ready=False)
+
+    async def command_k(self, argument: str) -> None:
+        self._refuse_while_busy()
+        self.engine.set_k(parse_k(argument))
+        k = self.engine.k
+        self.stats = dataclasses.replace(self.stats, k=k)
+        self.add_notice("k = auto: the draft length is chosen each round" if k is None else
+                        "k = 0: the service writes every token (remote mode)" if k == 0 else
+                        f"k = {k} draft tokens per round")
+        self._show_status()
+
+    async def command_temperature(self, argument: str) -> None:
+        self._refuse_while_busy()
+        params = msgspec.structs.replace(self.engine.params, temperature=parse_temperature(argument))
+        problems = params.problems()
+        if problems:
+            raise ValueError("; ".join(problems))
+        self._slow(lambda: self.engine.set_params(params), "new sampling settings",
+                   f"temperature = {params.temperature:g}" + (" (greedy)" if params.greedy else ""))
+
+    async def command_system(self, argument: str) -> None:
+        if not argument:
+            current = self.engine.conversation.system
+            self.add_notice(f"system prompt: {current}" if current else
+                            "no system prompt of yours: the chat template's default applies")
+            return
+        self._refuse_while_busy()
+        text = "" if argument == "-" else argument
+        self.engine.set_system(text)
+        self.add_notice("system prompt removed" if not text else f"system prompt set: {text}")
+
+    async def command_marks(self, argument: str) -> None:
+        await self.action_toggle_marks()
+
+    async def command_stats(self, argument: str) -> None:
+        if not self.engine.conversation.turns:
+            raise ValueError("no turns yet: statistics come with the first reply")
+        self.add_notice(stats_table(self.engine.conversation, self.settings.steady_display))
+
+    async def command_save(self, argument: str) -> None:
+        conversation = self.engine.conversation
+        if not conversation.turns:
+            raise ValueError("nothing to save yet")
+        try:
+            path = save_markdown(conversation, self._title().removeprefix("specwire · "),
+                                 Path(argument) if argument else default_path(conversation))
+        except OSError as exc:
+            raise ValueError(f"cannot write {argument or default_path(conversation)}: {exc.strerror or exc}") from exc
+        self.add_notice(f"saved as {path}")
+
+    async def command_clear(self, argument: str) -> None:
+        self._refuse_while_busy()
+        previous = self.engine.conversation.chat_id
+        self.engine.new_chat()
+        transcript = self.query_one("#transcript", VerticalScroll)
+        await transcript.remove_children()
+        self.query_one(PromptInput).sent_prompts.clear()
+        self.add_notice("a new chat" + (f"; the previous one is saved: specwire chat --resume {previous}"
+                                        if previous else ""))
+
+    async def command_quit(self, argument: str) -> None:
+        self.app.exit()
+
+    def _refuse_while_busy(self) -> None:
+        if self.replying or self.working:
+            raise BusyError(self.working or "a reply is in progress")
+
+    def _slow(self, call: Callable[[], None], doing: str, done: str) -> None:
+        self._refuse_while_busy()
+        self.working = doing
+        self._show_status()
+        self.run_slow(call, done)
+
+    @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
+    def run_slow(self, call: Callable[[], None], done: str) -> None:
+        self._engine_call(call, ready=False, done=done)
+
+    def on_command_done(self, message: CommandDone) -> None:
+        self.working = ""
+        self.add_notice(message.text, "error" if message.error else "info")
+        self.stats = dataclasses.replace(self.stats, mode=self.engine.mode)
+        self._show_status()
+
+    # ---- helpers --------------------------------------------------------------------
+
+    def add_notice(self, text, kind: str = "info") -> None:
+        self.query_one("#transcript", VerticalScroll).mount(Notice(text, kind))
+
+    def _show_status(self) -> None:
+        stats = dataclasses.replace(self.stats, mode=self.engine.mode, k=self.engine.k)
+        connection = self.engine.connection
+        if not self.ready and not self.working:  # show the mode the chat is starting into
+            mode = "offline" if self.settings.offline else "remote" if self.engine.k == 0 else "hybrid"
+            stats, connection = dataclasses.replace(stats, mode=mode), Connection(False, "starting")
+        busy = self.working + " ..." if self.working else ""
+        self.query_one(StatusLine).show(stats, connection, busy)

@@ -1,0 +1,87 @@
+"""`specwire chat`: check the flags, find the models and the saved chat, then run the app.
+
+What can be known before the screen opens is checked here and reported as a one-line
+error (a draft model that is not there, a bad flag, an unknown chat id). Logging goes to
+a file while the app runs: a log line on stderr would tear the screen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import logging.handlers
+import os
+from pathlib import Path
+
+from app.chat.settings import ChatSettings
+from app.chat.store import ChatNotFound, ChatStore
+from app.commands import UserError, read_token_file, resolve_model
+from remote_verify.protocol import SamplingParams
+
+
+def log_path() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "specwire" / "chat.log"
+
+
+def log_to_file(verbose: int) -> Path:
+    path = log_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    root = logging.getLogger()
+    for handler in root.handlers[:]:
+        root.removeHandler(handler)
+    handler = logging.handlers.RotatingFileHandler(path, maxBytes=5_000_000, backupCount=1, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose >= 2 else logging.INFO)
+    return path
+
+
+def list_chats(store: ChatStore) -> int:
+    summaries = store.list()
+    if not summaries:
+        print(f"no saved chats in {store.root}")
+        return 0
+    width = max(len(s.id) for s in summaries)
+    print(f"{'ID':{width}}  {'STARTED':16}  TURNS  FIRST MESSAGE")
+    for s in summaries:
+        print(f"{s.id:{width}}  {s.created[:16].replace('T', ' '):16}  {s.turns:5d}  {s.title[:60]}")
+    print(f"\nspecwire chat --resume ID continues one ({store.root})")
+    return 0
+
+
+def settings_from(args: argparse.Namespace, store: ChatStore) -> ChatSettings:
+    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    problems = params.problems()
+    problems += [f"--max-tokens must be 1 or more, got {args.max_tokens}"] if args.max_tokens < 1 else []
+    problems += [f"--context must be 64 or more, got {args.context}"] if args.context < 64 else []
+    if problems:
+        raise UserError("; ".join(problems))
+    draft = Path(resolve_model(args, "draft"))  # names the fetch command when it is missing
+    try:
+        resume = store.path_of(args.resume or None) if args.resume is not None else None
+    except ChatNotFound as exc:
+        raise UserError(str(exc)) from exc
+    return ChatSettings(
+        draft=draft, target=args.target, pair=args.pair, backend=args.backend, server=args.server,
+        token=read_token_file(args.token_file), ca_file=args.ca_file, offline=args.offline, k=args.k,
+        params=params, seed=args.seed, system=args.system, max_tokens=args.max_tokens, context=args.context,
+        draft_gpu_layers=args.draft_gpu_layers, resume=resume, chats_dir=store.root)
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    store = ChatStore()
+    if args.list:
+        return list_chats(store)
+    settings = settings_from(args, store)
+    logged_to = log_to_file(args.verbose)
+    from app.chat.chat_app import ChatApp  # Textual loads only for the app itself
+
+    app = ChatApp(settings)
+    app.run()
+    chat_id = app.engine.conversation.chat_id
+    if chat_id:
+        print(f"chat {chat_id} saved; continue it with: specwire chat --resume {chat_id}")
+    if app.return_code:
+        print(f"(the log is in {logged_to})")
+    return app.return_code or 0

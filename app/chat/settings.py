@@ -1,0 +1,35 @@
+"""The chat's settings: one frozen object, made from the command line by `launch`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from remote_verify.protocol import SamplingParams
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    draft: Path  # the draft model GGUF (resolved before the app starts: without it nothing runs)
+    target: str | None = None  # the embedded service's target; None: the pair's (checked at start)
+    pair: str | None = None
+    backend: str = "auto"  # the embedded service's backend
+    server: str | None = None  # a remote service's URL; None: the embedded service
+    token: str | None = None
+    ca_file: str | None = None
+    offline: bool = False  # start offline (online later with /online)
+    k: int | None = None  # draft tokens per round; None: adaptive ("auto"); 0: the service writes every token
+    params: SamplingParams = SamplingParams()
+    seed: int | None = None
+    system: str | None = None  # None: keep the resumed chat's system prompt (or have none)
+    max_tokens: int = 1024  # per reply
+    context: int = 4096  # the drafter's context; the service's limit applies too
+    draft_gpu_layers: int = -1
+    resume: Path | None = None  # a saved chat to continue
+    chats_dir: Path | None = None  # None: $XDG_DATA_HOME/specwire/chats
+    restart_service: bool = True  # restart the embedded service if it dies
+    steady_display: bool = False  # no timings and no blinking cursor: screens that compare equal (tests)
+
+    @property
+    def embedded(self) -> bool:
+        return self.server is None

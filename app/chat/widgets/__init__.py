@@ -1,0 +1,1 @@
+"""The chat's widgets: small, each with one job; the chat screen coordinates them."""

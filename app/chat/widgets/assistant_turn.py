@@ -1,0 +1,125 @@
+"""One reply in the transcript: streamed as it is committed, with its notes and figures.
+
+Provenance and Markdown do not mix: rendering Markdown moves and restyles the text, so a
+token's colour has nowhere to go. With marks on, the reply is shown as its text with each
+token coloured by provenance (code reads fine as source); with marks off it is rendered
+Markdown with highlighted code blocks. Both views follow the stream; the hidden Markdown
+view is brought up to date when it is shown, so streaming pays for one view only.
+"""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Label, Markdown, Static
+from textual.widgets.markdown import MarkdownStream
+
+from app.chat.conversation import Reply
+from app.chat.widgets.marked_text import MarkedText, printable
+
+STOP_REASONS = {
+    "eos": "",
+    "max_tokens": "stopped at the reply length limit (--max-tokens)",
+    "context": "stopped: the context is full",
+    "stopped": "stopped by you",
+    "error": "stopped by an error",
+    None: "interrupted (the app stopped during this reply)",
+}
+
+
+def reply_summary(reply: Reply, stats: dict | None, steady: bool) -> str:
+    """One line under a reply: its tokens by provenance, acceptance, tokens per round, speed."""
+    counts = reply.counts()
+    parts = [f"{len(reply.provenance)} tokens: {counts['draft']} draft, {counts['target']} target"
+             + (f", {counts['offline']} unverified" if counts["offline"] else "")]
+    stats = stats or {}
+    if stats.get("rounds"):
+        if stats.get("drafted"):
+            parts.append(f"acceptance {stats['acceptance_rate']:.0%}")
+        parts.append(f"{stats['tokens_per_round']:.2f} tokens/round")
+        if not steady and stats.get("tokens_per_s"):
+            parts.append(f"{stats['tokens_per_s']:.1f} tokens/s")
+    return " · ".join(parts)
+
+
+class AssistantTurn(Vertical):
+    def __init__(self, turn: int, marks: bool, steady: bool = False, reply: Reply | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.turn = turn
+        self.marks = marks
+        self.steady = steady
+        self.reply = reply or Reply()  # what has been shown so far (a finished turn's saved reply)
+        self.finished = reply is not None  # a saved reply is over, even one a crash interrupted
+        self._markdown_length = 0  # characters of the reply the Markdown view holds
+        self._stream: MarkdownStream | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Label("Assistant", classes="role")
+        marked = MarkedText(classes="body")
+        marked.add(self.reply.pieces, self.reply.provenance)
+        marked.display = self.marks
+        yield marked
+        markdown = Markdown(classes="body")
+        markdown.display = not self.marks
+        yield markdown
+        yield Static("", markup=False, classes="notes")
+        yield Static("", markup=False, classes="summary")
+
+    async def on_mount(self) -> None:
+        self._show_notes()
+        if self.finished:
+            self._show_summary(self.reply.stats)
+        if not self.marks:
+            await self._catch_up_markdown()
+
+    async def add(self, pieces: list[str], provenance: list[str]) -> None:
+        self.reply.pieces += pieces
+        self.reply.provenance += provenance
+        self.query_one(MarkedText).add(pieces, provenance)
+        if not self.marks:
+            await self._catch_up_markdown()
+
+    def add_note(self, text: str) -> None:
+        self.reply.notes.append(text)
+        self._show_notes()
+
+    async def finish(self, stop_reason: str, stats: dict) -> None:
+        self.finished = True
+        self.reply.stop_reason, self.reply.stats = stop_reason, stats
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        if not self.marks:
+            await self._catch_up_markdown()
+        self._show_summary(stats)
+
+    async def set_marks(self, marks: bool) -> None:
+        self.marks = marks
+        self.query_one(MarkedText).display = marks
+        self.query_one(Markdown).display = not marks
+        if not marks:
+            await self._catch_up_markdown()
+
+    async def _catch_up_markdown(self) -> None:
+        text = self.reply.text
+        shown, self._markdown_length = self._markdown_length, len(text)
+        if len(text) == shown:
+            return
+        if self.finished:
+            await self.query_one(Markdown).update(printable(text))
+            return
+        if self._stream is None:
+            markdown = self.query_one(Markdown)
+            await markdown.update(printable(text[:shown]))
+            self._stream = Markdown.get_stream(markdown)
+        await self._stream.write(printable(text[shown:]))
+
+    def _show_notes(self) -> None:
+        notes = self.query_one(".notes", Static)
+        notes.update("\n".join("› " + note for note in self.reply.notes))
+        notes.display = bool(self.reply.notes)
+
+    def _show_summary(self, stats: dict | None) -> None:
+        reason = STOP_REASONS.get(self.reply.stop_reason, self.reply.stop_reason)
+        line = reply_summary(self.reply, stats, self.steady)
+        self.query_one(".summary", Static).update(line + (f" · {reason}" if reason else ""))

@@ -1,0 +1,48 @@
+"""A reply as plain text, each token coloured by where it came from.
+
+Accepted draft tokens, the target's own tokens (corrections and bonus tokens) and
+unverified offline tokens each get a style from chat.tcss. Model output can hold control
+characters, which would move the terminal's cursor: they are shown as visible symbols.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+PROVENANCE_CLASSES = {"draft": "provenance--draft", "target": "provenance--target", "offline": "provenance--offline"}
+
+# C0 controls but tab and newline -> their Unicode control pictures; DEL and C1 likewise visible
+_VISIBLE = {code: chr(0x2400 + code) for code in range(0x20) if code not in (0x09, 0x0A)}
+_VISIBLE[0x7F] = "\u2421"
+_VISIBLE.update({code: "\ufffd" for code in range(0x80, 0xA0)})
+
+
+def printable(text: str) -> str:
+    """`text` safe to put on a terminal: CRLF as LF, other control characters as symbols."""
+    return text.replace("\r\n", "\n").translate(_VISIBLE)
+
+
+class MarkedText(Static):
+    """Streaming text whose every piece carries its provenance's style."""
+
+    COMPONENT_CLASSES = set(PROVENANCE_CLASSES.values())
+
+    def __init__(self, **kwargs):
+        super().__init__("", markup=False, **kwargs)
+        self._text = Text()
+        self._pending: list[tuple[str, str]] = []  # (piece, provenance) added before the styles are known
+
+    def add(self, pieces: list[str], provenance: list[str]) -> None:
+        self._pending.extend(zip(pieces, provenance))
+        if self.is_mounted:
+            self._flush()
+
+    def on_mount(self) -> None:
+        self._flush()
+
+    def _flush(self) -> None:
+        for piece, mark in self._pending:
+            self._text.append(printable(piece), self.get_component_rich_style(PROVENANCE_CLASSES[mark]))
+        self._pending.clear()
+        self.update(self._text)

@@ -1,0 +1,244 @@
+"""The chat app driven by Textual's Pilot, on the tiny models and real services."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+
+import pytest
+from rich.console import Console
+from rich.text import Text
+
+from app.chat.chat_app import ChatApp
+from app.chat.problem_screen import ProblemScreen
+from app.chat.widgets.assistant_turn import AssistantTurn
+from app.chat.widgets.marked_text import MarkedText
+from app.chat.widgets.prompt_input import PromptInput
+from app.chat.widgets.status_line import StatusLine
+from app.chat.widgets.turns import Notice, UserTurn
+from tests.app.chat.conftest import answered, send, start_tiny_service, wait_for
+
+SIZE = (100, 32)
+
+
+def _events(app: ChatApp) -> list[dict]:
+    return [json.loads(line) for line in app.engine.chat.path.read_text().splitlines()]
+
+
+def _plain(widget) -> str:
+    """The text a widget shows (a rich table as the console would print it)."""
+    content = getattr(widget, "content", None)
+    if content is not None and not isinstance(content, (str, Text)):
+        console = Console(width=200, file=io.StringIO())
+        console.print(content)
+        return console.file.getvalue()
+    return str(widget.render())
+
+
+async def _ready(pilot) -> None:
+    """The chat started and its prompt box has the focus (given on a later tick)."""
+    await wait_for(pilot, lambda: pilot.app.chat_screen.ready, what="the chat to start")
+    await wait_for(pilot, lambda: pilot.app.screen.query_one(PromptInput).has_focus, what="the focus")
+
+
+async def test_a_prompt_is_answered_and_the_prompt_box_is_enabled_again(chat_settings, tiny_service):
+    """Send: the box is disabled while the reply streams, the reply appears marked, the status shows
+    acceptance and tokens per round, the box is enabled and focused again, and the turn is saved."""
+    app = ChatApp(chat_settings(server=tiny_service))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(pilot)
+        prompt = app.screen.query_one(PromptInput)
+        assert not prompt.disabled
+        disabled = []
+        app.chat_screen.watch(prompt, "disabled", lambda value: disabled.append(value), init=False)
+        turn = await answered(pilot, "def quicksort(arr):")
+        assert disabled == [True, False]  # while the reply streamed, and not after
+        assert prompt.has_focus and prompt.text == ""
+        assert [_plain(w) for w in app.screen.query(UserTurn).first().query(".body")] == ["def quicksort(arr):"]
+        assert len(turn.reply.provenance) == 48 and {"draft", "target"} <= set(turn.reply.provenance)
+        assert _plain(turn.query_one(MarkedText)) == turn.reply.text.replace("\r\n", "\n") or turn.reply.text
+        summary = _plain(turn.query_one(".summary"))
+        assert summary.startswith("48 tokens:") and "acceptance" in summary and "tokens/round" in summary
+        status = _plain(app.screen.query_one(StatusLine))
+        assert status.startswith("hybrid") and "accept" in status and "tok/round" in status
+        events = _events(app)
+    assert [e["type"] for e in events[:2]] == ["chat", "user"] and events[-1]["type"] == "end"
+    assert sum(len(e["ids"]) for e in events if e["type"] == "tokens") == 48
+
+
+async def test_esc_stops_a_reply_and_keeps_what_came(chat_settings, tiny_service):
+    """Esc mid-reply: the reply ends early, stays on screen and on disk marked as stopped."""
+    app = ChatApp(chat_settings(server=tiny_service, max_tokens=3000))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(pilot)
+        await send(pilot, "tell me everything")
+        await wait_for(pilot, lambda: app.chat_screen.current is not None)
+        turn = app.chat_screen.current
+        await wait_for(pilot, lambda: len(turn.reply.provenance) >= 10)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not app.chat_screen.replying)
+        kept = len(turn.reply.provenance)
+        assert 10 <= kept < 3000 and turn.reply.stop_reason == "stopped"
+        assert "stopped by you" in _plain(turn.query_one(".summary"))
+        assert not app.screen.query_one(PromptInput).disabled
+        saved = app.engine.conversation.load(app.engine.chat.path).turns[0].reply
+    assert saved.stop_reason == "stopped" and len(saved.provenance) == kept and saved.text == turn.reply.text
+
+
+async def test_killing_the_service_mid_reply_goes_offline_marked_and_verifies_again_after(chat_settings):
+    """The embedded service is SIGKILLed mid-reply: a notice, the reply completes with unverified tokens
+    marked; the service is restarted, the link reconnects, and the next reply is verified again."""
+    app = ChatApp(chat_settings(max_tokens=150))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(pilot)
+        listener, killed = app.engine.listener, []
+        committed = listener.committed
+
+        def kill_after_eight_tokens(turn, provenance, pieces, stats) -> None:
+            committed(turn, provenance, pieces, stats)  # on the generation thread, as each round commits
+            if stats.generated >= 8 and not killed:
+                killed.append(app.engine.service.process.pid)
+                os.kill(killed[0], signal.SIGKILL)
+
+        listener.committed = kill_after_eight_tokens
+        turn = await answered(pilot, "def quicksort(arr):")
+        marks = turn.reply.provenance
+        assert killed and len(marks) == 150 and turn.reply.stop_reason == "max_tokens"
+        first_offline = marks.index("offline")
+        assert first_offline >= 8 and set(marks[:first_offline]) <= {"draft", "target"}
+        notes = _plain(turn.query_one(".notes"))
+        assert "lost the verification service" in notes and "unverified tokens are marked" in notes
+        assert "unverified" in _plain(turn.query_one(".summary"))
+        offline_style = turn.query_one(MarkedText).get_component_rich_style("provenance--offline")
+        spans = turn.query_one(MarkedText)._text.spans
+        assert offline_style.italic and any(span.style == offline_style for span in spans)
+
+        await wait_for(pilot, lambda: app.engine.connection.connected, what="the reconnect")
+        assert app.engine.service.process.pid != killed[0]
+        again = await answered(pilot, "and again")
+        assert again.reply.provenance and "offline" not in again.reply.provenance
+
+
+async def test_a_saved_chat_is_resumed_whole_and_continued(chat_settings, tiny_service):
+    """Quit, then --resume: both turns are shown as they were (text and marks), and a new turn
+    goes to the same file with the earlier turns in its prompt."""
+    first = ChatApp(chat_settings(server=tiny_service))
+    async with first.run_test(size=SIZE) as pilot:
+        await _ready(pilot)
+        before = await answered(pilot, "def quicksort(arr):")
+        path = first.engine.chat.path
+        prompt_tokens = before.reply.stats["prompt_tokens"]
+
+    app = ChatApp(chat_settings(server=tiny_service, resume=path))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(pilot)
+        shown = app.screen.query(AssistantTurn).first()
+        assert shown.reply.text == before.reply.text and shown.reply.provenance == before.reply.provenance
+        assert _plain(app.screen.query(UserTurn).first().query_one(".body")) == "def quicksort(arr):"
+        assert "resumed chat" in _plain(app.screen.query(Notice).first())
+        after = await answered(pilot, "and in C?")
+        assert after.turn == 2 and after.reply.stats["prompt_tokens"] > prompt_tokens + len(before.reply.provenance)
+        assert app.engine.chat.path == path
+    assert [turn.number for turn in app.engine.conversation.load(path).turns] == [1, 2]
+
+
+@pytest.mark.parametrize("problem", ["unreachable", "missing_model", "refused_token"])
+async def test_a_service_that_cannot_be_used_is_explained_and_offline_is_offered(
+        problem, chat_settings, tiny, tmp_path, monkeypatch):
+    """Unreachable service, missing target (the message names the fetch command), refused token:
+    a dialog says what is wrong and offers offline; accepting it gives unverified replies."""
+    service = None
+    if problem == "unreachable":
+        settings = chat_settings(server="ws://127.0.0.1:9")
+        expected = "cannot reach the verification service"
+    elif problem == "missing_model":
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
+        settings = chat_settings(target=None)
+        expected = "specwire models fetch"
+    else:
+        token_file = tmp_path / "token"
+        token_file.write_text("s3cret")
+        service, url = start_tiny_service(tiny.target_gguf, "--token-file", str(token_file))
+        settings = chat_settings(server=url, token="wrong")
+        expected = "refused the token"
+    app = ChatApp(settings)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: isinstance(app.screen, ProblemScreen), what="the problem dialog")
+            assert expected in _plain(app.screen.query_one("#problem-message"))
+            await wait_for(pilot, lambda: app.screen.query("#offline"), what="the offer to go offline")
+            await pilot.press("o")
+            await _ready(pilot)
+            turn = await answered(pilot, "hello")
+            assert set(turn.reply.provenance) == {"offline"}
+            assert _plain(app.screen.query_one(StatusLine)).startswith("offline")
+    finally:
+        if service is not None:
+            service.kill()
+
+
+async def test_slash_commands_change_the_chat(chat_settings, tiny_service, tmp_path):
+    """/k, /temperature, /system, /marks, /stats, /save, /clear, and an unknown command that keeps its text."""
+    app = ChatApp(chat_settings(server=tiny_service, max_tokens=16))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(pilot)
+        screen = app.chat_screen
+        prompt = screen.query_one(PromptInput)
+        status = screen.query_one(StatusLine)
+
+        await send(pilot, "/frobnicate")
+        assert prompt.text == "/frobnicate" and "unknown command" in _plain(screen.query(Notice).last())
+        await send(pilot, "/k 2")
+        assert app.engine.speculator.k == 2 and "k 2" in _plain(status) and prompt.text == ""
+        await send(pilot, "/temperature 0.8")
+        await wait_for(pilot, lambda: not screen.working, what="the new session")
+        assert app.engine.params.temperature == 0.8 and app.engine.connection.connected
+        assert "temperature = 0.8" in _plain(screen.query(Notice).last())
+        await send(pilot, "/system answer in French")
+        assert app.engine.conversation.system == "answer in French"
+
+        turn = await answered(pilot, "hello")
+        assert turn.reply.stats["k"] == 2 and turn.reply.stats["temperature"] == 0.8
+        await send(pilot, "/marks")
+        assert not turn.query_one(MarkedText).display and turn.query_one("Markdown").display
+        await send(pilot, "/stats")
+        assert "per turn" in _plain(screen.query(Notice).last())
+        saved = tmp_path / "out" / "chat.md"
+        await send(pilot, f"/save {saved}")
+        text = saved.read_text()
+        assert "## You\n\nhello" in text and "answer in French" in text and "verified by the target" in text
+
+        previous = app.engine.chat.path
+        await send(pilot, "/clear")
+        assert not screen.query(AssistantTurn) and app.engine.chat is None
+        assert previous.stem in _plain(screen.query(Notice).last())
+        await answered(pilot, "a new start")
+        assert app.engine.chat.path != previous and len(app.engine.conversation.turns) == 1
+
+
+async def test_keys_new_lines_earlier_prompts_and_the_command_palette(chat_settings):
+    """ctrl+j makes a new line in one message; up and down walk the sent prompts; the palette
+    puts a command that takes an argument in the box and runs one that does not."""
+    app = ChatApp(chat_settings(offline=True, max_tokens=8))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(pilot)
+        prompt = app.screen.query_one(PromptInput)
+        await pilot.press("a", "ctrl+j", "b", "enter")
+        await wait_for(pilot, lambda: app.engine.conversation.turns and not app.chat_screen.replying)
+        assert app.engine.conversation.turns[0].user == "a\nb" and prompt.text == ""
+        await pilot.press("up")
+        assert prompt.text == "a\nb"
+        await pilot.press("down")
+        assert prompt.text == ""
+        await pilot.press("ctrl+p", *"temperature")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, type(app.chat_screen)))
+        assert prompt.text == "/temperature "
+        prompt.clear()
+        await pilot.press("ctrl+p", *"/stats")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: "per turn" in _plain(app.screen.query(Notice).last()), what="the stats")

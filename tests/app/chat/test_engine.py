@@ -1,0 +1,102 @@
+"""The chat engine without a screen: exact replies, tokens kept across turns, offline and remote modes."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.chat.engine import ChatEngine
+from tests.local_draft.test_fallback import target_alone
+
+
+class Recorder:
+    """An EngineListener that keeps what it hears."""
+
+    def __init__(self):
+        self.notes, self.rounds, self.connections = [], [], []
+
+    def progress(self, text, from_service=False):
+        pass
+
+    def committed(self, turn, provenance, pieces, stats):
+        self.rounds.append((turn, provenance, pieces))
+
+    def connection_changed(self, connection):
+        self.connections.append(connection)
+
+    def note(self, turn, text):
+        self.notes.append((turn, text))
+
+
+def _engine(settings) -> tuple[ChatEngine, list[list[int]]]:
+    """A started engine whose Speculator contexts are recorded (the prompt each reply continued)."""
+    engine = ChatEngine(settings, Recorder())
+    engine.start()
+    contexts = []
+    generate = engine.speculator.generate
+
+    def recording(context, *args, **kwargs):
+        contexts.append(list(context))
+        return generate(context, *args, **kwargs)
+
+    engine.speculator.generate = recording
+    return engine, contexts
+
+
+def test_greedy_replies_are_the_targets_own_and_earlier_tokens_are_kept_as_generated(
+        chat_settings, tiny_service, llamacpp_target):
+    """Two turns against a real service: each reply equals the target alone on the same context, and the
+    second context starts with the first prompt plus the first reply's tokens, not a re-tokenization."""
+    engine, contexts = _engine(chat_settings(server=tiny_service, max_tokens=40))
+    try:
+        first = engine.reply("def quicksort(arr):", lambda: False)
+        second = engine.reply("and now in C", lambda: False)
+    finally:
+        engine.close()
+    assert first.stop_reason == second.stop_reason == "max_tokens"
+    turns = engine.conversation.turns
+    for context, turn in zip(contexts, turns):
+        assert turn.reply.token_ids == target_alone(llamacpp_target, context, len(turn.reply.token_ids))
+        assert set(turn.reply.provenance) <= {"draft", "target"} and "draft" in turn.reply.provenance
+    assert contexts[1][: len(contexts[0]) + 40] == contexts[0] + turns[0].reply.token_ids
+    assert contexts[0] == engine.draft.tokenize(engine.template.render(engine.conversation.messages()[:1]))
+
+
+def test_offline_replies_are_marked_unverified(chat_settings):
+    """--offline: the draft model alone, every token marked offline, the mode says so."""
+    engine, _ = _engine(chat_settings(offline=True, max_tokens=12))
+    try:
+        outcome = engine.reply("hello", lambda: False)
+    finally:
+        engine.close()
+    assert engine.mode == "offline" and engine.service is None
+    assert engine.conversation.turns[0].reply.provenance == ["offline"] * 12
+    assert outcome.stats["offline"] == 12 and outcome.stats["mode"] == "offline"
+
+
+def test_k_zero_is_remote_mode_where_the_service_writes_every_token(chat_settings, tiny_service):
+    """/k 0: nothing drafted, each token is the target's."""
+    engine, _ = _engine(chat_settings(server=tiny_service, max_tokens=10))
+    try:
+        engine.set_k(0)
+        engine.reply("hello", lambda: False)
+        assert engine.mode == "remote"
+        with pytest.raises(ValueError, match="longest draft"):
+            engine.set_k(1000)
+    finally:
+        engine.close()
+    assert engine.conversation.turns[0].reply.provenance == ["target"] * 10
+
+
+def test_a_long_chat_leaves_out_its_oldest_turns_with_a_note_and_keeps_them_saved(chat_settings, tiny_service):
+    """A context of 256 tokens: the third turn no longer sees the first; the note says so; the file keeps all."""
+    engine, contexts = _engine(chat_settings(server=tiny_service, max_tokens=40, context=256))
+    try:
+        for n in range(4):
+            engine.reply(f"question number {n} " * 3, lambda: False)
+    finally:
+        engine.close()
+    notes = [text for _, text in engine.listener.notes if "no longer fit" in text]
+    assert notes and "saved chat keeps them" in notes[0]
+    assert all(len(context) <= 256 - 40 for context in contexts)
+    saved = type(engine.conversation).load(engine.chat.path)
+    assert len(saved.turns) == 4 and any("no longer fit" in note for turn in saved.turns for note in turn.reply.notes)

@@ -1,0 +1,37 @@
+"""`specwire chat` before the screen opens: flags checked, a missing draft names the fetch command, --list."""
+
+from __future__ import annotations
+
+from app.chat.store import ChatStore, ReplyEnded, UserMessage
+from app.cli import main
+
+
+def test_a_missing_draft_model_names_the_fetch_command(tmp_path, monkeypatch, capsys):
+    """No flags and an empty model cache: exit 2 with the command that fetches the pair."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPECWIRE_CONFIG", str(tmp_path / "none.toml"))
+    assert main(["chat"]) == 2
+    assert "run `specwire models fetch qwen2.5-coder`" in capsys.readouterr().err
+
+
+def test_bad_flags_and_unknown_chats_are_one_line_errors(tiny, tmp_path, monkeypatch, capsys):
+    """A bad temperature or an unknown chat id: exit 2, one line saying what to do."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert main(["chat", "--draft", str(tiny.draft), "--temperature", "-1"]) == 2
+    assert "temperature must be between 0 and 100" in capsys.readouterr().err
+    assert main(["chat", "--draft", str(tiny.draft), "--resume", "nosuch"]) == 2
+    assert "`specwire chat --list` shows them" in capsys.readouterr().err
+
+
+def test_list_shows_saved_chats_newest_first(tmp_path, monkeypatch, capsys):
+    """--list: id, start, turns and the first message of each chat."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert main(["chat", "--list"]) == 0
+    assert "no saved chats" in capsys.readouterr().out
+    chat = ChatStore(tmp_path / "data" / "specwire" / "chats").create("draft.gguf", "offline")
+    chat.write(UserMessage(1, "how do I sort a list?", "t"))
+    chat.write(ReplyEnded(1, "eos"))
+    chat.close()
+    assert main(["chat", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert chat.id in out and "how do I sort a list?" in out and "specwire chat --resume ID" in out

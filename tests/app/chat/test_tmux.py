@@ -1,0 +1,175 @@
+"""The real `specwire chat` in a real terminal: tmux send-keys in, capture-pane out, tiny models.
+
+One run through what a user does: answer a prompt (marks and status line), lose the
+embedded service mid-reply (the offline notice, the reply completed, unverified tokens
+marked), quit, resume the whole conversation, and SIGKILL the chat (its service goes too).
+tmux is installed by `packaging/install.sh --dev`; without it this test fails, it does not skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.app.chat.conftest import SPECWIRE, wait_until
+
+WIDTH, HEIGHT = 120, 60
+
+
+class Tmux:
+    """A private tmux server (its own socket) running one command in one pane."""
+
+    def __init__(self, socket: str):
+        self.socket = socket
+
+    def __call__(self, *args: str) -> str:
+        done = subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, f"tmux {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+    def start(self, name: str, command: str) -> None:
+        # The shell keeps the pane open after the chat exits, so its last words can be read.
+        # COLUMNS/LINES are dropped: a detached pane's shell can hand down 80x24 from before
+        # the pane took its size, and they would override the terminal's real size.
+        self("new-session", "-d", "-s", name, "-x", str(WIDTH), "-y", str(HEIGHT),
+             f"env -u COLUMNS -u LINES {command}; echo CHAT-EXITED $?; sleep 600")
+
+    def screen(self, name: str, colours: bool = False) -> str:
+        return self("capture-pane", "-p", *(["-e"] if colours else []), "-t", name)
+
+    def wait_for(self, name: str, pattern: str, timeout_s: float = 90) -> str:
+        found = []
+
+        def seen() -> bool:
+            text = self.screen(name)
+            found[:] = [text]
+            return re.search(pattern, text) is not None
+
+        try:
+            wait_until(seen, timeout_s, pattern)
+        except AssertionError:
+            raise AssertionError(f"{pattern!r} never appeared; the screen:\n{found[0] if found else ''}") from None
+        return found[0]
+
+    def pane_pid(self, name: str) -> int:
+        return int(self("display-message", "-p", "-t", name, "#{pane_pid}").strip())
+
+
+def _shows(pattern: str, screen: str) -> None:
+    assert re.search(pattern, screen), f"{pattern!r} is not on the screen:\n{screen}"
+
+
+def _descendants(pid: int) -> dict[int, str]:
+    """Every live process under pid: {pid: command line} (from /proc: ps would cut long lines)."""
+    children: dict[int, list[tuple[int, str]]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError):
+            continue  # not a process, or gone meanwhile
+        state, parent = stat.rsplit(")", 1)[1].split()[:2]
+        if state != "Z":
+            children.setdefault(int(parent), []).append((int(entry.name), args))
+    found, todo = {}, [pid]
+    while todo:
+        for child, args in children.get(todo.pop(), []):
+            found[child] = args
+            todo.append(child)
+    return found
+
+
+def _saved_tokens(data_home: Path, turn: int) -> int:
+    """Tokens of a turn's reply committed so far, read from the chat's file as it is written."""
+    (chat,) = (data_home / "specwire" / "chats").glob("*.jsonl")
+    events = [json.loads(line) for line in chat.read_text().splitlines() if line.endswith("}")]
+    return sum(len(e["ids"]) for e in events if e["type"] == "tokens" and e["turn"] == turn)
+
+
+def _service_pid(tmux: Tmux, name: str) -> int:
+    (pid,) = [p for p, args in _descendants(tmux.pane_pid(name)).items() if "--exit-with-parent" in args]
+    return pid
+
+
+def _chat_pid(tmux: Tmux, name: str) -> int:
+    (pid,) = [p for p, args in _descendants(tmux.pane_pid(name)).items() if " chat " in args and "serve" not in args]
+    return pid
+
+
+@pytest.fixture
+def tmux(tmp_path):
+    if shutil.which("tmux") is None:
+        pytest.fail("tmux is not installed: `bash packaging/install.sh --dev` installs it (apt-get install tmux)")
+    server = Tmux(f"specwire-test-{os.getpid()}")
+    yield server
+    socket = subprocess.run(["tmux", "-L", server.socket, "display-message", "-p", "#{socket_path}"],
+                            capture_output=True, text=True).stdout.strip()
+    subprocess.run(["tmux", "-L", server.socket, "kill-server"], capture_output=True)
+    if socket:
+        Path(socket).unlink(missing_ok=True)  # tmux leaves it behind
+
+
+def test_the_real_chat_in_tmux_answers_goes_offline_resumes_and_leaves_no_service_behind(tiny, tmp_path, tmux):
+    """Prompt -> marked reply and status; kill -9 of the service mid-reply -> offline notice, completed
+    reply, unverified marks; ctrl+q and --resume -> the whole conversation; kill -9 of the chat -> no orphan."""
+    env = {"XDG_DATA_HOME": str(tmp_path / "data"), "XDG_STATE_HOME": str(tmp_path / "state"),
+           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    models = f"--draft {tiny.draft} --target {tiny.target_gguf} --backend llamacpp --max-tokens 400"
+    command = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + f" {SPECWIRE} chat {models}"
+
+    tmux.start("first", command)
+    tmux.wait_for("first", r"● embedded service")
+    tmux("send-keys", "-t", "first", "def quicksort(arr):", "Enter")
+    screen = tmux.wait_for("first", r"400 tokens: \d+ draft, \d+ target ·")
+    assert "You" in screen and "def quicksort(arr):" in screen and "Assistant" in screen
+    _shows(r"hybrid │ ● embedded service │ rtt \d+ ms │ k auto \(\d\) │ accept \d+% │ tok/round [\d.]+", screen)
+    assert "■ draft  ■ target  ■ unverified" in screen
+    coloured = tmux.screen("first", colours=True)
+    assert "\x1b[1m" in coloured and coloured.count("\x1b[38;") > 10  # bold target tokens, coloured text
+
+    service = _service_pid(tmux, "first")
+    tmux("send-keys", "-t", "first", "tell me more", "Enter")
+    deadline = time.monotonic() + 120
+    while _saved_tokens(tmp_path / "data", turn=2) < 10:  # polled fast: on a quiet machine replies are quick
+        assert time.monotonic() < deadline, "the second reply did not stream"
+        time.sleep(0.01)
+    os.kill(service, signal.SIGKILL)
+    screen = tmux.wait_for("first", r"400 tokens: \d+ draft, \d+ target, \d+ unverified")
+    assert "lost the verification service: continuing offline, unverified tokens are marked" in screen
+    # italic and underlined (tmux may reset first: 0;3;4): the legend's "unverified", and the offline tokens
+    assert len(re.findall(r"\x1b\[(?:0;)?3;4m", tmux.screen("first", colours=True))) >= 2
+
+    tmux("send-keys", "-t", "first", "C-q")
+    screen = tmux.wait_for("first", r"CHAT-EXITED 0")
+    chat_id = re.search(r"specwire chat --resume (\S+)", screen).group(1)
+    assert not [p for p, a in _descendants(tmux.pane_pid("first")).items() if "--exit-with-parent" in a]
+
+    tmux.start("resumed", command + " --resume")
+    screen = tmux.wait_for("resumed", r"● embedded service")
+    assert f"resumed chat {chat_id}: 2 turns" in screen
+    assert "def quicksort(arr):" in screen and "tell me more" in screen
+    assert len(re.findall(r"400 tokens:", screen)) == 2 and "lost the verification service" in screen
+
+    service = _service_pid(tmux, "resumed")
+    os.kill(_chat_pid(tmux, "resumed"), signal.SIGKILL)
+    tmux.wait_for("resumed", r"CHAT-EXITED 137")
+
+    def gone() -> bool:
+        try:
+            os.kill(service, 0)
+        except ProcessLookupError:
+            return True
+        return Path(f"/proc/{service}/stat").read_text().split(")")[-1].split()[0] == "Z"
+
+    wait_until(gone, 20, "the service of the killed chat to stop")
