@@ -149,7 +149,7 @@ def generate(args: argparse.Namespace) -> int:
 
     prompt = draft.tokenize(args.prompt)
     if mode == "server":
-        generator = ServerOnlyGenerator(link, draft.eos_id)
+        generator = ServerOnlyGenerator(link, draft.end_ids)
     else:
         generator = Speculator(draft, link, params, k=args.k, seed=args.seed, pipeline=args.pipeline)
     provenance_runs: list[list] = []  # [provenance, count] runs: which tokens were verified

@@ -14,8 +14,8 @@ so that much of draft(k) hides behind wire + verify(k).
 Every quantity is measured as rounds go by, with exponential forgetting so that the
 controller follows a reply from code into prose. k = 0 (no drafting: the service makes
 every token) is chosen when speculation does not pay; from there a small probe now and then
-keeps the acceptance estimate alive, but only when an optimistic acceptance would make
-drafting pay at all. The speculation loop stays exact whatever k this picks.
+keeps the acceptance estimate alive when an optimistic acceptance would make drafting pay,
+and a rarer one refreshes the measured costs in any case. The speculation loop stays exact whatever k this picks.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ MEMORY = 0.8  # weight of the past per round: ~5 rounds, so a switch from code t
 PRIOR_ALPHA = 0.7  # before any round: a same-family pair on ordinary text
 PRIOR_WEIGHT = 2.0  # worth two tested tokens
 START_K = 4  # until draft and verify costs have been measured
-PROBE_EVERY = 16  # rounds at k = 0 between two probes
+PROBE_EVERY = 16  # rounds at k = 0 between two probes, if drafting might pay
+REFRESH_EVERY = 64  # rounds at k = 0 between two probes in any case: the costs may have changed
 PROBE_K = 2  # a probe is small: at worst it costs about one target step
 OPTIMISM = 0.2  # a probe is worth it if alpha + OPTIMISM would make drafting pay
 EXPLORE_EVERY = 8  # every 8th drafting round tries k + 2, so verify(k) is seen at two sizes
@@ -111,8 +112,9 @@ class AdaptiveK:
             choice = self.best_k(self.alpha, cap)
             if choice == 0:
                 self._rounds_at_zero += 1
-                if (self._rounds_at_zero % PROBE_EVERY == 0 and cap > 0
-                        and self.best_k(min(self.alpha + OPTIMISM, 0.995), cap) > 0):
+                hopeful = (self._rounds_at_zero % PROBE_EVERY == 0
+                           and self.best_k(min(self.alpha + OPTIMISM, 0.995), cap) > 0)
+                if cap > 0 and (hopeful or self._rounds_at_zero % REFRESH_EVERY == 0):
                     choice = min(PROBE_K, cap)
             else:
                 self._rounds_at_zero = 0

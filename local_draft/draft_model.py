@@ -68,6 +68,7 @@ class DraftModel:
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
         self.gpu_offload = bool(llama_cpp.llama_supports_gpu_offload()) and gpu_layers != 0
         self._fingerprint: str | None = None
+        self.last_catch_up = 0  # tokens the last propose() had to evaluate before drafting
         self._end_ids: frozenset[int] | None = None
         log.info("draft model %s: vocab %d, gpu offload %s", path.name, self.vocab_size, self.gpu_offload)
 
@@ -134,7 +135,7 @@ class DraftModel:
         self._check_room(context, k + 1)
         self._catch_up(context)
         guess = int(np.argmax(self._last_logits()))
-        if k == 0 or guess == self.eos_id or should_stop():
+        if k == 0 or guess in self.end_ids or should_stop():
             return guess, [], []
         self._llama.eval([guess])
         tokens, dists = self._draft(k, params, rng, WIRE_TOP_K_CAP, should_stop)
@@ -182,6 +183,7 @@ class DraftModel:
         common = min(common, len(context) - 1)  # the last token is re-run for its logits
         self.rollback(common)
         self._llama.eval(list(context[common:]))
+        self.last_catch_up = len(context) - common
 
     def _last_logits(self) -> np.ndarray:
         """Logits (V,) of the last evaluated position, copied out of llama.cpp's buffer."""

@@ -11,7 +11,7 @@ the link has a connection again (any replica will do).
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from local_draft.generation_stats import Generation, GenerationStats
 from local_draft.service_link import ServiceLink
@@ -24,9 +24,9 @@ INTERRUPTED = ("going_away", "lost")  # the stream ended before its end: continu
 
 
 class ServerOnlyGenerator:
-    def __init__(self, link: ServiceLink | VerifyClient, eos_id: int, resume_within_s: float = 30.0):
+    def __init__(self, link: ServiceLink | VerifyClient, end_ids: Iterable[int], resume_within_s: float = 30.0):
         self.link = FixedLink(link) if isinstance(link, VerifyClient) else link
-        self.eos_id = eos_id
+        self.end_ids = sorted(end_ids)  # the stream stops after any of these (EOS and its kin)
         self.resume_within_s = resume_within_s  # how long to wait for a lost service to come back
         self.stats = GenerationStats()  # the generation in progress (or the last one), live
         self._client: VerifyClient | None = None  # the connection _service_history refers to
@@ -89,7 +89,7 @@ class ServerOnlyGenerator:
             known = len(self._service_history)
             self._service_history = []  # unknown until the stream ends
             client.send_generate(Generate(seq=self._seq, committed_len=known, append=history[known:],
-                                          max_tokens=max_tokens, stop_ids=[self.eos_id]))
+                                          max_tokens=max_tokens, stop_ids=self.end_ids))
             self.stats.round_trips += 1
             try:
                 return client.receive_generated(first=True)

@@ -58,6 +58,7 @@ class ServiceLink:
         self._backoff = backoff
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._wake = threading.Event()  # cuts a backoff wait short
         self._reconnector: threading.Thread | None = None
         self._client: VerifyClient | None = VerifyClient(**self._connect_args)
         self.connections = 1  # how many sessions this link has opened, reconnects included
@@ -106,8 +107,13 @@ class ServiceLink:
         log.warning("lost the verification service at %s (%s); continuing offline", self.url, reason)
         self._notify(LinkState(False, f"lost the service ({reason}); continuing offline"))
 
+    def retry_now(self) -> None:
+        """Try to reconnect at once instead of at the next backoff step (the service is known to be back)."""
+        self._wake.set()
+
     def close(self) -> None:
         self._closed.set()
+        self._wake.set()
         with self._lock:
             client, self._client = self._client, None
         if client is not None:
@@ -118,7 +124,9 @@ class ServiceLink:
             old.close()
         for delay in self._backoff.delays():
             self._notify(LinkState(False, f"service unreachable, retrying in {delay:.1f} s", delay))
-            if self._closed.wait(delay):
+            self._wake.wait(delay)  # or sooner, on retry_now() or close()
+            self._wake.clear()
+            if self._closed.is_set():
                 return
             try:
                 client = VerifyClient(**self._connect_args)

@@ -33,6 +33,7 @@ from remote_verify.protocol import SamplingParams, SparseDist, Sync, Verdict, Ve
 
 __all__ = ["Generation", "GenerationStats", "Speculator"]
 
+CATCH_UP_TIMED = 2  # a round catches the drafter up by 1-2 tokens; more is a new prompt's prefill
 OnCommit = Callable[[list[int], list[str]], None]  # (tokens, provenance of each)
 ShouldStop = Callable[[], bool]
 
@@ -100,9 +101,9 @@ class Speculator:
                     raise
                 stop_reason = "context"  # the service's context limit is below the drafter's
                 break
-            if self.draft.eos_id in committed:
-                cut = committed.index(self.draft.eos_id) + 1
-                committed, provenance = committed[:cut], provenance[:cut]
+            ends = [i for i, token in enumerate(committed) if token in self.draft.end_ids]
+            if ends:  # EOS, or another end-of-generation token (Qwen: <|endoftext|> beside <|im_end|>)
+                committed, provenance = committed[: ends[0] + 1], provenance[: ends[0] + 1]
                 stop_reason = "eos"
             history += committed
             new += committed
@@ -131,7 +132,7 @@ class Speculator:
             sent = time.perf_counter()
             self._client.send_verify(request)
             ahead_room = min(k, remaining - len(draft) - 2)  # the next round's block, if all goes well
-            if self.pipeline and ahead_room > 0 and draft and self.draft.eos_id not in draft:
+            if self.pipeline and ahead_room > 0 and draft and draft[-1] not in self.draft.end_ids:
                 self._draft_ahead(history + draft, ahead_room, stats)
             verdict = self._receive_verdict(history, draft, dists)
             round_trip = time.perf_counter() - sent
@@ -153,7 +154,8 @@ class Speculator:
                      stats: GenerationStats) -> tuple[list[int], list[SparseDist], int]:
         """k draft tokens after history, starting from a block drafted ahead when it fits.
 
-        Returns the tokens, their distributions and how many were drafted just now.
+        Returns the tokens, their distributions and how many were drafted just now (0 when
+        the time also went into a new prompt: the controller learns drafting costs from it).
         """
         ahead, self._ahead = self._ahead, None
         if k == 0:
@@ -166,10 +168,14 @@ class Speculator:
         if len(tokens) < k:
             more, more_dists = self.draft.propose(history + tokens, k - len(tokens), self.params, self.rng)
         tokens, dists = tokens + more, dists + more_dists
-        if self.draft.eos_id in tokens:  # nothing after an end of text is worth verifying
-            cut = tokens.index(self.draft.eos_id) + 1
-            tokens, dists = tokens[:cut], dists[:cut]
-        return tokens, dists, len(more)
+        if more and self.draft.last_catch_up > CATCH_UP_TIMED:
+            drafted_now = 0  # a new prompt's prefill was in that time: not a drafting cost
+        else:
+            drafted_now = len(more)
+        ends = [i for i, token in enumerate(tokens) if token in self.draft.end_ids]
+        if ends:  # nothing after an end of text is worth verifying
+            tokens, dists = tokens[: ends[0] + 1], dists[: ends[0] + 1]
+        return tokens, dists, drafted_now
 
     def _draft_ahead(self, context: list[int], k: int, stats: GenerationStats) -> None:
         """While the verdict is in flight: guess the bonus token and draft the block after it."""

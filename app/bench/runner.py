@@ -144,7 +144,7 @@ def _generator(mode: Mode, url: str | None, draft, params, seed: int):
     # its turn (idle timeout) is reopened at once, and rebuilt from the history.
     link = ServiceLink(url, hello)
     if mode.kind == "server":
-        return ServerOnlyGenerator(link, draft.eos_id), link
+        return ServerOnlyGenerator(link, draft.end_ids), link
     return Speculator(draft, link, params, k=mode.k, seed=seed, pipeline=mode.pipeline), link
 
 

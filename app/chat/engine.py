@@ -172,7 +172,8 @@ class ChatEngine:
             if self.template.is_fallback:
                 self.listener.note(None, f"{self.settings.draft.name} carries no usable chat template: using ChatML")
             self._end_ids = self.draft.end_ids  # a scan of the vocabulary: now, not in the first reply
-            self.speculator = Speculator(self.draft, None, self.params, k=self.k, seed=self.settings.seed)
+            self.speculator = Speculator(self.draft, None, self.params, k=self.k, seed=self.settings.seed,
+                                         pipeline=True)  # drafts the next block while a verdict is in flight
             if self.settings.system is not None and self.settings.system != self.conversation.system:
                 self._set_system(self.settings.system)
             if problem is not None:
@@ -335,7 +336,7 @@ class ChatEngine:
             if ended:
                 return
             for i, token in enumerate(tokens):
-                if token in end_ids:  # the Speculator stops at EOS only; a chat ends at any of them
+                if token in end_ids:  # the reply ends here (the Speculator stops after this round)
                     tokens, provenance, ended = tokens[: i + 1], provenance[: i + 1], True
                     break
             pieces = [decoder.decode(draft.token_bytes(t)) for t in tokens]
@@ -421,14 +422,7 @@ class ChatEngine:
         self.note(self.current_turn, text)
         link = self.link
         if running and link is not None and not link.connected:
-            # We know it is back: connect now rather than at the link's next backoff step (up
-            # to 15 s away). The old link is down, so no round is in flight on it to disturb.
-            try:
-                self._open_link()
-            except StartupProblem as exc:
-                self.note(self.current_turn, f"could not reconnect: {exc}")
-                return
-            self.note(self.current_turn, "reconnected to the embedded service: rounds are verified again")
+            link.retry_now()  # it is back: reconnect now, not at the next backoff step (up to 15 s away)
 
     def _set_connection(self, connection: Connection) -> None:
         self.connection = connection

@@ -46,7 +46,9 @@ def test_adaptive_k_drafts_ahead_on_a_far_link_and_keeps_parity(far_service, ser
     """40 ms away, adaptive k drafts long blocks (drafting pays), drafts ahead, and the text is the target's."""
     near = VerifyClient(service_on("llamacpp").url, hello_for(close_draft))
     far = VerifyClient(far_service.url, hello_for(close_draft))
-    prompt = close_draft.tokenize("def quicksort(arr):")
+    # a long prompt: its prefill in the first round must not pass for the cost of drafting
+    prompt = close_draft.tokenize("# Sorting helpers for the report builder.\n" * 6 + "def quicksort(arr):")
+    assert len(prompt) > 100
     reference = Speculator(close_draft, near, SamplingParams(), k=0).generate(prompt, 80)
     result = Speculator(close_draft, far, SamplingParams(), k=None, pipeline=True).generate(prompt, 80)
     near.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from local_draft.adaptive_k import PROBE_EVERY, PROBE_K, START_K, AdaptiveK, RoundTiming
+from local_draft.adaptive_k import PROBE_EVERY, PROBE_K, REFRESH_EVERY, START_K, AdaptiveK, RoundTiming
 
 
 def simulate(controller: AdaptiveK, alpha: float, draft_token_s: float, step_s: float,
@@ -77,14 +77,15 @@ def test_follows_a_change_from_code_to_prose():
     assert np.median(low[10:]) <= 2
 
 
-def test_probes_from_zero_only_when_drafting_could_pay():
-    """At k = 0 a small probe comes every PROBE_EVERY rounds if optimism says drafting might pay,
-    and never when even perfect acceptance would not."""
-    hopeful = simulate(AdaptiveK(), alpha=0.3, draft_token_s=0.036, step_s=0.067, verify_token_s=0.02,
-                       wire_s=0.05, rounds=300)
+def test_probes_from_zero_often_when_drafting_could_pay_and_rarely_otherwise():
+    """At k = 0 a small probe comes every PROBE_EVERY rounds if optimism says drafting might pay;
+    otherwise only every REFRESH_EVERY rounds, to notice costs that changed."""
+    hopeful = simulate(AdaptiveK(), alpha=0.25, draft_token_s=0.036, step_s=0.067, verify_token_s=0.02,
+                       wire_s=0.1, rounds=300)
     assert hopeful[100:].count(0) > 0.8 * 200
-    assert PROBE_K in hopeful[100:]
+    assert hopeful[100:].count(PROBE_K) > 200 // REFRESH_EVERY + 1  # more than the refreshes alone
+    assert PROBE_EVERY < REFRESH_EVERY
     hopeless = simulate(AdaptiveK(), alpha=0.45, draft_token_s=0.2, step_s=0.01, verify_token_s=0.05,
                         wire_s=0.0, rounds=300)
-    assert set(hopeless[100:]) == {0}
-    assert PROBE_EVERY > 1
+    assert set(hopeless[100:]) == {0, PROBE_K}
+    assert hopeless[100:].count(PROBE_K) <= 200 // REFRESH_EVERY + 1

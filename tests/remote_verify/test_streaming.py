@@ -27,7 +27,7 @@ def test_server_only_tokens_are_the_target_alone(service, close_draft):
     """Greedy server-only streaming gives exactly the tokens of k = 0, one target pass per token."""
     client = VerifyClient(service.url, hello_for(close_draft))
     alone = Speculator(close_draft, client, SamplingParams(), k=0)
-    streamed = ServerOnlyGenerator(client, close_draft.eos_id)
+    streamed = ServerOnlyGenerator(client, close_draft.end_ids)
     for prompt in PROMPTS:
         ids = close_draft.tokenize(prompt)
         expected = alone.generate(ids, 60)
@@ -42,7 +42,7 @@ def test_server_only_tokens_are_the_target_alone(service, close_draft):
 def test_a_cancelled_stream_keeps_its_tokens_and_the_session_goes_on(service, close_draft):
     """Cancel after 10 tokens: the stream ends "stopped" with what it made; the next round continues it."""
     client = VerifyClient(service.url, hello_for(close_draft))
-    streamed = ServerOnlyGenerator(client, close_draft.eos_id)
+    streamed = ServerOnlyGenerator(client, close_draft.end_ids)
     ids = close_draft.tokenize("import numpy as np\n")
     full = streamed.generate(ids, 200).token_ids
     partial = streamed.generate(ids, 200, should_stop=lambda: streamed.stats.generated >= 10)
@@ -85,7 +85,7 @@ def test_sampled_server_only_tokens_follow_the_target_distribution(service_on, c
     prompt = close_draft.tokenize("The")
     exact = warp(service.backend.forward(service.backend.new_cache(), prompt, n_logits=1)[0], params)
     client = VerifyClient(service.url, hello_for(close_draft, params, seed=7))
-    streamed = ServerOnlyGenerator(client, close_draft.eos_id)
+    streamed = ServerOnlyGenerator(client, close_draft.end_ids)
     counts = np.zeros_like(exact, dtype=np.int64)
     for _ in range(STREAM_SAMPLES):
         counts[streamed.generate(prompt, 1).token_ids[0]] += 1
@@ -100,7 +100,7 @@ def test_a_wrong_history_length_is_refused_then_rebuilt(service, close_draft):
         client.send_generate(Generate(seq=1, committed_len=5, append=[1]))
         client.receive_generated()
     assert error.value.code == "stale_state" and "Sync" in str(error.value)
-    streamed = ServerOnlyGenerator(client, close_draft.eos_id)
+    streamed = ServerOnlyGenerator(client, close_draft.end_ids)
     streamed._service_history = [9, 9, 9]  # a belief the service does not share
     assert len(streamed.generate(close_draft.tokenize("hello"), 5).token_ids) == 5
     client.close()
@@ -113,7 +113,7 @@ def test_a_stream_cut_by_the_service_going_away_resumes_where_it_stopped(tiny, l
     the server-only client reconnects, the new session is rebuilt, and the reply is whole."""
     process, port = start_service(tiny.target_gguf)
     link = ServiceLink(f"ws://127.0.0.1:{port}", hello_for(close_draft), backoff=FAST_BACKOFF)
-    streamed = ServerOnlyGenerator(link, close_draft.eos_id)
+    streamed = ServerOnlyGenerator(link, close_draft.end_ids)
     made: list[int] = []
 
     def on_commit(tokens: list[int], provenance: list[str]) -> None:

@@ -50,7 +50,8 @@ def chat_settings(tiny, tmp_path):
 
     def make(**overrides) -> ChatSettings:
         values = dict(draft=tiny.draft, target=str(tiny.target_gguf), backend="llamacpp", max_tokens=48,
-                      chats_dir=tmp_path / "chats", steady_display=True, seed=0)
+                      chats_dir=tmp_path / "chats", steady_display=True, seed=0,
+                      k=4)  # fixed: adaptive k follows timings, and the marks on screen with it
         values.update(overrides)
         return ChatSettings(**values)
 
