@@ -15,6 +15,10 @@ one verification pass as a session does (k + 1 new tokens, k + 1 rows of logits)
 it back. Interleaving keeps both backends under the same machine load; the table gives the
 median per backend and k, and their ratio. Resident memory is read in each worker after
 loading and after the prefill (torch maps its weights and reads them on first use).
+
+Agreement: both backends score every position of the default prompt set
+(`benchmarks/prompts.py`) from an empty cache; the largest and median |logit difference|
+and how often their argmax agrees.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ def main() -> None:
             load_s, resident, vocab = worker.ask("load")
             print(f"{name}: loaded in {load_s:.1f} s (resident memory {resident:,.0f} MiB)")
         _latency_table(workers, vocab, args.k, args.context, args.repeats)
+        _agreement(workers, out)
     finally:
         for worker in workers.values():
             worker.close()
@@ -93,6 +98,25 @@ def _latency_table(workers: dict, vocab: int, ks: list[int], context: int, repea
         medians = {name: statistics.median(times[name, k]) * 1000 for name in workers}
         ratio = medians["onnx"] / medians["torch"]
         print(f"| {k} | " + " | ".join(f"{medians[name]:.1f}" for name in workers) + f" | {ratio:.2f} |")
+
+
+def _agreement(workers: dict, export: Path) -> None:
+    """Logits of both backends at every position of the default prompts: how far apart, same argmax?"""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    from benchmarks.prompts import PROMPTS
+
+    tokenizer = Tokenizer.from_file(str(export / "tokenizer.json"))
+    differences, positions, same_argmax = [], 0, 0
+    for prompt in [p for kind in PROMPTS.values() for p in kind]:
+        ids = tokenizer.encode(prompt).ids
+        torch_logits, onnx_logits = workers["torch"].ask("logits", ids), workers["onnx"].ask("logits", ids)
+        differences.extend(np.abs(torch_logits - onnx_logits).max(axis=-1))  # per position
+        positions += len(ids)
+        same_argmax += int((torch_logits.argmax(-1) == onnx_logits.argmax(-1)).sum())
+    print(f"\nlogits, onnx vs torch, at all {positions} positions of the default prompts: max |difference| "
+          f"{max(differences):.2e}, median {np.median(differences):.2e}; same argmax at {same_argmax}/{positions}")
 
 
 class _Worker:
@@ -141,6 +165,8 @@ def _serve_backend(kind: str, path: str, pipe) -> None:
             started = time.perf_counter()
             backend.forward(cache, request[1], n_logits=1)
             pipe.send((time.perf_counter() - started, _resident_mib()))
+        elif request[0] == "logits":  # ("logits", tokens): every position's logits, from an empty cache
+            pipe.send(backend.forward(backend.new_cache(), request[1], n_logits=len(request[1])))
         elif request[0] == "verify":  # ("verify", block, keep): one pass, then roll back to keep
             started = time.perf_counter()
             backend.forward(cache, request[1], n_logits=len(request[1]))

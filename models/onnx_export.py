@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 # to the last hidden state and whose cache is one full-attention DynamicLayer per layer.
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
 COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json", "generation_config.json")
-CHECK_TOLERANCE = 1e-2  # max |logit difference| with torch accepted for a float32 export (measured: ~1e-5)
+CHECK_TOLERANCE = 1e-2  # largest |logit difference| with torch accepted (measured: 1e-5 tiny, 1.2e-4 at 1.5B)
 STAGES = 5
 
 
