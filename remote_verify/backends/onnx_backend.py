@@ -52,7 +52,11 @@ class OnnxTarget:
         if vocab_fingerprint(self._texts) != m.vocab_fingerprint:
             raise ValueError(f"the tokenizer files in {self.path} are not the vocabulary the model was exported "
                              "with (fingerprints differ): export the target again")
-        self.session = ort.InferenceSession(str(model), _session_options(), providers=_providers(device))
+        providers = _providers(device)
+        try:
+            self.session = ort.InferenceSession(str(model), _session_options(), providers=providers)
+        except Exception as exc:  # onnxruntime's own errors (Fail, InvalidProtobuf, ...) derive from Exception
+            raise RuntimeError(f"onnxruntime cannot load {model}: {exc} (export the target again)") from exc
         self.device = "cuda" if self.session.get_providers()[0] == CUDA else "cpu"
         if device == "cuda" and self.device != "cuda":
             raise RuntimeError("--device cuda was asked for, but onnxruntime could not start its CUDA provider "

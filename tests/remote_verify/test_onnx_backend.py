@@ -90,9 +90,12 @@ def test_the_provider_in_use_is_named_and_logged(onnx_export_dir, caplog):
 
 
 def test_a_damaged_or_foreign_folder_is_refused(onnx_export_dir, tiny, tmp_path):
-    """No manifest, an unknown format, changed tokenizer files: each refused with what to do."""
+    """Missing weights, no manifest, an unknown format, changed tokenizer files: refused with what to do."""
     damaged = tmp_path / "damaged"
     shutil.copytree(onnx_export_dir, damaged)
+    (damaged / "model.onnx.data").rename(tmp_path / "elsewhere")
+    with pytest.raises(RuntimeError, match="onnxruntime cannot load .*export the target again"):
+        OnnxTarget(damaged)
     tokenizer = json.loads((damaged / "tokenizer.json").read_text())
     first = next(iter(tokenizer["model"]["vocab"]))
     tokenizer["model"]["vocab"]["renamed"] = tokenizer["model"]["vocab"].pop(first)
