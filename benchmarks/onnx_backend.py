@@ -1,7 +1,7 @@
 """The ONNX backend's numbers: export time and size, and verify latency beside the torch backend.
 
     .venv/bin/python -m benchmarks.onnx_backend [--tiny] [--target PATH] [--onnx DIR] [--export]
-                                                [--k 1 4 8] [--context 256] [--repeats 10]
+                                                [--k 1 4 8] [--context 256] [--repeats 10] [--threads N]
 
 Export: `models.onnx_export.export_onnx(target, DIR)` timed, when --export is given or DIR
 holds no export yet; the folder's size is printed either way. The default target is the
@@ -13,8 +13,11 @@ torch from the target); both stay loaded for the whole run. Each fills one cache
 --context prompt tokens; then every repeat runs, for each k and for each backend in turn,
 one verification pass as a session does (k + 1 new tokens, k + 1 rows of logits) and rolls
 it back. Interleaving keeps both backends under the same machine load; the table gives the
-median per backend and k, and their ratio. Resident memory is read in each worker after
-loading and after the prefill (torch maps its weights and reads them on first use).
+median per backend and k, and their ratio. --threads N gives each backend N CPU threads
+(torch.set_num_threads, onnxruntime's intra-op pool) instead of each runtime's default: on
+a machine shared with other work, torch's OpenMP threads wait for each other far longer
+than onnxruntime's. Resident memory is read in each worker after loading and after the
+prefill (torch maps its weights and reads them on first use).
 
 Agreement: both backends score every position of the default prompt set
 (`benchmarks/prompts.py`) from an empty cache; the largest and median |logit difference|
@@ -40,6 +43,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, nargs="+", default=[1, 4, 8], help="draft lengths to time")
     parser.add_argument("--context", type=int, default=256, help="prompt tokens in the cache before timing")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--threads", type=int, help="CPU threads per backend (default: each runtime's own)")
     args = parser.parse_args()
 
     from models.onnx_export import export_onnx
@@ -54,7 +58,7 @@ def main() -> None:
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     print(f"export size: {size / 1e6:,.1f} MB in {out}")
 
-    workers = {"torch": _Worker("torch", target), "onnx": _Worker("onnx", out)}
+    workers = {"torch": _Worker("torch", target, args.threads), "onnx": _Worker("onnx", out, args.threads)}
     try:
         for name, worker in workers.items():
             load_s, resident, vocab = worker.ask("load")
@@ -126,10 +130,10 @@ class _Worker:
     onnxruntime's pool slowed each other down several times over.
     """
 
-    def __init__(self, kind: str, path: Path):
+    def __init__(self, kind: str, path: Path, threads: int | None):
         context = multiprocessing.get_context("spawn")
         self.pipe, child = context.Pipe()
-        self.process = context.Process(target=_serve_backend, args=(kind, str(path), child), daemon=True)
+        self.process = context.Process(target=_serve_backend, args=(kind, str(path), threads, child), daemon=True)
         self.process.start()
 
     def ask(self, *request):
@@ -142,7 +146,7 @@ class _Worker:
         self.process.join(30)
 
 
-def _serve_backend(kind: str, path: str, pipe) -> None:
+def _serve_backend(kind: str, path: str, threads: int | None, pipe) -> None:
     """A worker's loop: load the backend, then run and time the passes the parent asks for."""
     backend = cache = None
     while True:
@@ -152,13 +156,17 @@ def _serve_backend(kind: str, path: str, pipe) -> None:
         if request[0] == "load":
             started = time.perf_counter()
             if kind == "torch":
+                import torch
+
                 from remote_verify.backends.torch_backend import TorchTarget
 
+                if threads:
+                    torch.set_num_threads(threads)
                 backend = TorchTarget(path, device="cpu")
             else:
                 from remote_verify.backends.onnx_backend import OnnxTarget
 
-                backend = OnnxTarget(path, device="cpu")
+                backend = OnnxTarget(path, device="cpu", threads=threads)
             pipe.send((time.perf_counter() - started, _resident_mib(), backend.vocab_size))
         elif request[0] == "prefill":  # ("prefill", tokens): a new cache holding them
             cache = backend.new_cache()

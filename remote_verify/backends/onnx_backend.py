@@ -38,7 +38,8 @@ class OnnxCache:
 
 
 class OnnxTarget:
-    def __init__(self, path: str | Path, device: str = "auto", manifest: OnnxManifest | None = None):
+    def __init__(self, path: str | Path, device: str = "auto", manifest: OnnxManifest | None = None,
+                 threads: int | None = None):
         self.path = Path(path)
         try:
             self.manifest = manifest or OnnxManifest.read(self.path)
@@ -54,7 +55,7 @@ class OnnxTarget:
                              "with (fingerprints differ): export the target again")
         providers = _providers(device)
         try:
-            self.session = ort.InferenceSession(str(model), _session_options(), providers=providers)
+            self.session = ort.InferenceSession(str(model), _session_options(threads), providers=providers)
         except Exception as exc:  # onnxruntime's own errors (Fail, InvalidProtobuf, ...) derive from Exception
             raise RuntimeError(f"onnxruntime cannot load {model}: {exc} (export the target again)") from exc
         self.device = "cuda" if self.session.get_providers()[0] == CUDA else "cpu"
@@ -115,8 +116,10 @@ def _providers(device: str) -> list[str]:
     return [CPU]
 
 
-def _session_options() -> ort.SessionOptions:
+def _session_options(threads: int | None) -> ort.SessionOptions:
     options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads  # default: one per physical core
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     # Idle worker threads sleep instead of spinning: the service shares its cores with its
     # event loop and, on one machine, with the drafter; spinning doubled the latency here.
