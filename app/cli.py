@@ -29,12 +29,16 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.set_defaults(run=commands.models_fetch)
     listing = models_sub.add_parser("list", help="show every model pair, whether it is here, and where")
     listing.set_defaults(run=commands.models_list)
+    export_onnx = models_sub.add_parser("export-onnx", help="export a target to ONNX for `serve --backend onnx`")
+    export_onnx.add_argument("target", help="a Hugging Face model folder or a GGUF file")
+    export_onnx.add_argument("out", help="output folder (new, empty, or an earlier export to replace)")
+    export_onnx.set_defaults(run=commands.models_export_onnx)
 
     serve = sub.add_parser("serve", help="run the verification service")
     serve.add_argument("--target", help="target model: a GGUF file or a Hugging Face folder "
                        "(default: the target of --pair)")
     serve.add_argument("--pair", default=env("SPECWIRE_PAIR"), help="model pair (default: the default pair)")
-    serve.add_argument("--backend", default=env("SPECWIRE_BACKEND", "auto"), choices=["auto", "torch", "llamacpp"],
+    serve.add_argument("--backend", default=env("SPECWIRE_BACKEND", "auto"), choices=["auto", "torch", "llamacpp", "onnx"],
                        help="target engine; auto: torch when CUDA is available, llama.cpp otherwise")
     serve.add_argument("--device", default=env("SPECWIRE_DEVICE", "auto"), choices=["auto", "cpu", "cuda"])
     serve.add_argument("--host", default=env("SPECWIRE_HOST", "127.0.0.1"))

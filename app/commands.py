@@ -91,6 +91,20 @@ def models_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def models_export_onnx(args: argparse.Namespace) -> int:
+    from models.onnx_export import ExportError, export_onnx
+
+    def show(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    try:
+        result = export_onnx(Path(args.target), Path(args.out), progress=show)
+    except ExportError as exc:
+        raise UserError(str(exc)) from exc
+    print(result.out)
+    return 0
+
+
 def resolve_model(args: argparse.Namespace, role: str) -> str:
     """--draft / --target if given, else that model of --pair (or of the default pair)."""
     from models.registry import RegistryError, check_vocabularies, get_pair, require_file

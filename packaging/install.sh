@@ -9,8 +9,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-extras="server,onnx,bench"
-[[ "${1:-}" == "--dev" ]] && extras="server,onnx,bench,dev"
+# ONNX Runtime's CUDA build where an NVIDIA GPU answers (it replaces the CPU build)
+onnx="onnx"
+nvidia-smi -L >/dev/null 2>&1 && onnx="onnx-gpu"
+extras="server,${onnx},bench"
+[[ "${1:-}" == "--dev" ]] && extras="server,${onnx},bench,dev"
 
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip

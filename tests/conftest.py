@@ -29,7 +29,22 @@ def llamacpp_target(tiny):
     return LlamaCppTarget(tiny.target_gguf, gpu_layers=0)
 
 
-BACKENDS = ["torch", "llamacpp"]
+@pytest.fixture(scope="session")
+def onnx_export_dir(tiny, tmp_path_factory):
+    """The tiny target exported by `models.onnx_export` (about 10 s)."""
+    from models.onnx_export import export_onnx
+
+    return export_onnx(tiny.target, tmp_path_factory.mktemp("onnx") / "target-onnx").out
+
+
+@pytest.fixture(scope="session")
+def onnx_target(onnx_export_dir):
+    from remote_verify.backends.onnx_backend import OnnxTarget
+
+    return OnnxTarget(onnx_export_dir, device="cpu")
+
+
+BACKENDS = ["torch", "llamacpp", "onnx"]
 
 
 @pytest.fixture(scope="session", params=BACKENDS)

@@ -7,6 +7,8 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from models.onnx_manifest import is_onnx_export
+
 
 class TargetBackend(Protocol):
     """What a session needs from a target model, whatever runs it."""
@@ -35,10 +37,13 @@ def load_backend(kind: str, target: str | Path, device: str = "auto") -> TargetB
 
     "auto" picks torch when CUDA is available and llama.cpp otherwise (a GGUF target is
     then verified by llama.cpp on the CPU, several times faster than de-quantized torch).
+    "onnx" (an export made by `specwire models export-onnx`) is only ever chosen by name.
     """
     target = Path(target)
     if not target.exists():
         raise FileNotFoundError(f"no target model at {target}")
+    if is_onnx_export(target) and kind != "onnx":
+        raise ValueError(f"{target} is an ONNX export: serve it with --backend onnx")
     if kind == "auto":
         kind = "torch" if _cuda_available() or target.is_dir() else "llamacpp"
     if kind == "torch":
@@ -49,7 +54,14 @@ def load_backend(kind: str, target: str | Path, device: str = "auto") -> TargetB
         from remote_verify.backends.llamacpp_backend import LlamaCppTarget
 
         return LlamaCppTarget(target, gpu_layers=0 if device == "cpu" else -1)
-    raise ValueError(f"unknown backend {kind!r}: choose auto, torch or llamacpp")
+    if kind == "onnx":
+        if not is_onnx_export(target):
+            raise ValueError(f"{target} is not an ONNX export: make one with "
+                             f"`specwire models export-onnx {target} OUT` and serve OUT")
+        from remote_verify.backends.onnx_backend import OnnxTarget
+
+        return OnnxTarget(target, device=device)
+    raise ValueError(f"unknown backend {kind!r}: choose auto, torch, llamacpp or onnx")
 
 
 def _cuda_available() -> bool:

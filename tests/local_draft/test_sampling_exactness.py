@@ -11,7 +11,7 @@ then usually comes from a block drafted before the first verdict arrived).
 Each case costs 30,000 generations (minutes on two cores), so the cases are spread over
 the backends: the far drafter runs on torch, the reference backend; the close drafter, which
 takes every other path of the acceptance rule (acceptance at two positions, corrections,
-bonus tokens) and drafting ahead, runs on llama.cpp. The acceptance rule is the same code on
+bonus tokens), runs on llama.cpp drafting ahead and on ONNX Runtime without. The acceptance rule is the same code on
 every backend; what a backend adds (its logits, its cache rollback) is checked token by
 token by the parity tests and against recomputation by the session tests.
 """
@@ -52,6 +52,8 @@ def _exact_first(backend, prompt: list[int], params: SamplingParams, n: int) -> 
 
 # nearly every draft rejected: residual resampling, then a target-only round
 FAR_PLAIN = ("far_draft", SamplingParams(temperature=1.0), 1, 2, False)  # k, tokens tested, ahead
+# mostly accepted: acceptance at two positions, corrections and bonus tokens
+CLOSE_TOPK_TOPP = ("close_draft", SamplingParams(temperature=1.0, top_k=8, top_p=0.9), 3, 2, False)
 # mostly accepted, drafting ahead: tokens 1-2 are drafted (acceptance at two positions), 3 is
 # the service's (correction or bonus), and 4 usually comes from a block drafted while the
 # first verdict was in flight
@@ -59,6 +61,7 @@ CLOSE_AHEAD = ("close_draft", SamplingParams(temperature=1.0, top_k=8, top_p=0.9
 CASES = [
     pytest.param("torch", *FAR_PLAIN, id="torch-far-plain"),
     pytest.param("llamacpp", *CLOSE_AHEAD, id="llamacpp-close-topk-topp-ahead"),
+    pytest.param("onnx", *CLOSE_TOPK_TOPP, id="onnx-close-topk-topp"),
 ]
 
 
