@@ -9,6 +9,11 @@ import pytest
 
 from models.tiny import TinyModels, build_tiny_models
 
+# The tiny models run on one llama.cpp thread each: the drafter and the service share this
+# process and a two-core machine, and two spinning thread pools per model would thrash
+# (a sampled generation took 9 ms with two threads each, 5.7 ms with one).
+TINY_THREADS = 1
+
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory) -> TinyModels:
@@ -26,7 +31,7 @@ def torch_target(tiny):
 def llamacpp_target(tiny):
     from remote_verify.backends.llamacpp_backend import LlamaCppTarget
 
-    return LlamaCppTarget(tiny.target_gguf, gpu_layers=0)
+    return LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=TINY_THREADS)
 
 
 @pytest.fixture(scope="session")
@@ -109,14 +114,14 @@ def service(backend_kind, service_on) -> RunningService:
 def close_draft(tiny):
     from local_draft.draft_model import DraftModel
 
-    return DraftModel(tiny.draft, n_ctx=2048)
+    return DraftModel(tiny.draft, n_ctx=2048, n_threads=TINY_THREADS)
 
 
 @pytest.fixture(scope="session")
 def far_draft(tiny):
     from local_draft.draft_model import DraftModel
 
-    return DraftModel(tiny.draft_far, n_ctx=2048)
+    return DraftModel(tiny.draft_far, n_ctx=2048, n_threads=TINY_THREADS)
 
 
 def hello_for(draft, sampling=None, seed=None):

@@ -1,7 +1,9 @@
 """The default pair, for real: greedy hybrid output equals the target alone, on every backend.
 
-Ten prompts (code completion, code questions in chat form, prose), 128 new tokens each,
-k = 4 against k = 0 through a real service. A divergence passes only if it is a numerical
+Four prompts of the benchmark's set (two code completions, a code question in chat form,
+prose), 128 new tokens each, k = 4 against k = 0 through a real service. (All ten run in
+`specwire bench`, whose table counts the prompts where each mode gave server-only's
+tokens; four keep this test near two minutes on two cores.) A divergence passes only if it is a numerical
 near-tie: at that position the target's two best tokens are the two that were chosen and
 their logits differ by less than the backend's NEAR_TIE_LOGITS, measured by a fresh
 forward pass; the prefix up to it must still be identical. Anything else fails.
@@ -63,9 +65,12 @@ def _first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+PARITY_PROMPTS = {"code": PROMPTS["code"][:2], "chat": PROMPTS["chat"][:1], "prose": PROMPTS["prose"][:1]}
+
+
 def _check_parity(backend, draft: DraftModel, url: str, margin: float) -> dict:
     totals = {}
-    for kind, prompts in PROMPTS.items():
+    for kind, prompts in PARITY_PROMPTS.items():
         for prompt in prompts:
             ids = draft.tokenize(prompt)
             results = {}
@@ -96,7 +101,7 @@ def _check_parity(backend, draft: DraftModel, url: str, margin: float) -> dict:
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("backend_name", ["llamacpp", pytest.param("torch", marks=pytest.mark.torch_real)])
 def test_default_pair_hybrid_equals_target_alone(pair_paths, real_draft, backend_name):
-    """Greedy, 128 tokens, 10 prompts: k = 4 gives the target's own tokens."""
+    """Greedy, 128 tokens, 4 prompts: k = 4 gives the target's own tokens."""
     from remote_verify.backends import load_backend
 
     backend = load_backend(backend_name, pair_paths["target"], device="cpu")
