@@ -30,7 +30,10 @@ PROBE_EVERY = 16  # rounds at k = 0 between two probes, if drafting might pay
 REFRESH_EVERY = 64  # rounds at k = 0 between two probes in any case: the costs may have changed
 PROBE_K = 2  # a probe is small: at worst it costs about one target step
 OPTIMISM = 0.2  # a probe is worth it if alpha + OPTIMISM would make drafting pay
-EXPLORE_EVERY = 8  # every 8th drafting round tries k + 2, so verify(k) is seen at two sizes
+EXPLORE_EVERY = 8  # every 8th drafting round tries another k: k + 2, then 0, in turn
+# so verify is seen at three sizes, one of them a plain decode step: a line fitted to long
+# blocks alone can misjudge a decode step (on a CPU, by more than a third) and never learn
+# that drafting stopped paying
 MAX_FIT_TOKENS = 48  # verify timings of blocks up to this size fit the cost line (not prompts)
 
 
@@ -66,8 +69,11 @@ class _CostLine:
         if w < 1e-9:
             return None
         spread = w * wnn - wn * wn
-        if spread < 1e-6 * max(w * wnn, 1e-12):  # one block size seen so far: no slope yet
-            return wt / w
+        if spread < 1e-6 * max(w * wnn, 1e-12):
+            # One block size seen so far: assume the cost grows with the block, as on a CPU.
+            # A flat guess made the longest block look free and sent the second round to
+            # max_k; this one errs towards short blocks, whose rounds then show the slope.
+            return wt / wn * n
         slope = max(0.0, (w * wnt - wn * wt) / spread)  # a longer block never costs less
         mean_n, mean_t = wn / w, wt / w
         return max(0.0, mean_t + slope * (n - mean_n))
@@ -119,7 +125,9 @@ class AdaptiveK:
             else:
                 self._rounds_at_zero = 0
                 self._rounds_drafting += 1
-                if self._rounds_drafting % EXPLORE_EVERY == 0:
+                if self._rounds_drafting % (2 * EXPLORE_EVERY) == 0:
+                    choice = 0
+                elif self._rounds_drafting % EXPLORE_EVERY == 0:
                     choice = min(choice + 2, cap)
         self.last_choice = choice
         return choice

@@ -167,6 +167,16 @@ class DraftModel:
             raise DraftModelError(
                 f"context full: {len(context)} tokens + {k} drafted exceeds the draft context of {self.n_ctx}")
 
+    def keep_up(self, context: Sequence[int]) -> None:
+        """Evaluate what of `context` the cache lacks, so a later block starts without a catch-up.
+
+        For rounds that draft nothing: run while their verdict is in flight, it costs no
+        waiting, whereas the catch-up of many such rounds before the next block is time the
+        user waits for.
+        """
+        self._check_room(context, 0)
+        self._catch_up(context)
+
     def rollback(self, n_keep: int) -> None:
         """Forget every cached position from n_keep on (the next eval overwrites them)."""
         self._llama.n_tokens = min(n_keep, self._llama.n_tokens)

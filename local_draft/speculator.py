@@ -134,6 +134,8 @@ class Speculator:
             ahead_room = min(k, remaining - len(draft) - 2)  # the next round's block, if all goes well
             if self.pipeline and ahead_room > 0 and draft and draft[-1] not in self.draft.end_ids:
                 self._draft_ahead(history + draft, ahead_room, stats)
+            elif not draft and self.k is None:
+                self._keep_drafter_up(history)
             verdict = self._receive_verdict(history, draft, dists)
             round_trip = time.perf_counter() - sent
         except ServiceUnreachable as exc:
@@ -188,6 +190,19 @@ class Speculator:
         stats.ahead_s += time.perf_counter() - started
         stats.ahead_drafted += len(tokens)
         self._ahead = DraftedAhead(context + [guess], tokens, dists) if tokens else None
+
+    def _keep_drafter_up(self, history: list[int]) -> None:
+        """Adaptive k chose k = 0: feed the drafter this round's context while the verdict flies.
+
+        Otherwise, after many such rounds, the next block would wait for a long catch-up
+        (seconds on a CPU) that the controller does not see in its drafting cost.
+        """
+        if self._client.reply_ready():
+            return  # a fast service: the catch-up would only delay reading the verdict
+        try:
+            self.draft.keep_up(history)
+        except DraftModelError:  # no room left in the draft's context: the verdict still comes
+            pass
 
     def _keep_ahead_if_right(self, committed_history: list[int]) -> None:
         # The block drafted ahead continues history + block + guess; it is right only if the

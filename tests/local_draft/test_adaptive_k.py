@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from local_draft.adaptive_k import PROBE_EVERY, PROBE_K, REFRESH_EVERY, START_K, AdaptiveK, RoundTiming
+from local_draft.adaptive_k import (EXPLORE_EVERY, PROBE_EVERY, PROBE_K, REFRESH_EVERY, START_K, AdaptiveK,
+                                    RoundTiming)
 
 
 def simulate(controller: AdaptiveK, alpha: float, draft_token_s: float, step_s: float,
@@ -58,6 +59,27 @@ def test_stops_drafting_where_verifying_costs_as_much_as_decoding():
     chosen = simulate(AdaptiveK(), alpha=0.7, draft_token_s=0.036, step_s=0.067, verify_token_s=0.03,
                       wire_s=0.0)
     assert np.mean(np.array(chosen[50:]) == 0) > 0.9
+
+
+def test_one_measured_block_size_does_not_make_longer_blocks_look_free():
+    """After a single round (k = 4 on a CPU, 0.5 s to verify) the next block is not max_k:
+    one block size gives no slope, and guessing a flat cost made every longer block free."""
+    controller = AdaptiveK()
+    controller.choose(remaining=1000)
+    controller.observe(RoundTiming(k=4, accepted=4, draft_s=0.2, draft_tokens=4, fed_tokens=5,
+                                   service_s=0.5, wire_s=0.001))
+    assert controller.choose(remaining=1000) < START_K
+
+
+def test_while_drafting_a_plain_decode_step_is_measured_now_and_then():
+    """Every 2 * EXPLORE_EVERY drafting rounds one round drafts nothing, so the cost of a
+    decode step is measured, not only extrapolated from long blocks."""
+    chosen = simulate(AdaptiveK(), alpha=0.95, draft_token_s=0.005, step_s=0.02, verify_token_s=0.0005,
+                      wire_s=0.1)
+    zeros = [i for i, k in enumerate(chosen) if k == 0 and i >= 50]
+    assert zeros, chosen
+    gaps = np.diff(zeros)
+    assert gaps.min() >= 2 * EXPLORE_EVERY - 1 and gaps.max() <= 2 * EXPLORE_EVERY + 1, zeros
 
 
 def test_drafts_long_blocks_on_a_gpu_like_target_far_away():

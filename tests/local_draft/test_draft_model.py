@@ -43,3 +43,14 @@ def test_sampled_proposals_come_with_their_distribution(close_draft):
     for token, dist in zip(tokens, dists):
         assert token in dist.ids and len(dist.ids) <= 64
         assert abs(sum(dist.probs) - 1.0) < 1e-6
+
+
+def test_keep_up_evaluates_only_what_the_cache_lacks(close_draft):
+    """keep_up (run by adaptive k's rounds at k = 0 while a verdict is in flight) leaves the
+    cache holding the context, so the next block needs no catch-up."""
+    ids = close_draft.tokenize("The quick brown fox")
+    close_draft.keep_up(ids)
+    assert close_draft.evaluated == ids
+    close_draft.keep_up(ids + [5, 6])
+    assert close_draft.evaluated == ids + [5, 6]
+    assert close_draft.last_catch_up == 2
