@@ -8,7 +8,7 @@ import os
 import sys
 
 from app import commands
-from app.chat.arguments import add_chat_arguments
+from app.chat.arguments import add_chat_arguments, k_setting
 from app.serve_command import add_service_arguments
 
 
@@ -109,19 +109,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_chat_arguments(chat)
     chat.set_defaults(run=commands.chat)
     return parser
-
-
-def k_setting(text: str) -> int | None:
-    """--k: a draft length, or "auto" (None) for the adaptive controller."""
-    if text == "auto":
-        return None
-    try:
-        k = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--k takes a number of draft tokens or auto, not {text!r}") from None
-    if k < 0:
-        raise argparse.ArgumentTypeError(f"--k must be 0 or more, got {k}")
-    return k
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,11 +54,7 @@ class Session:
 
     def verify(self, request: Verify) -> Verdict:
         self._check_seq(request.seq)
-        if request.committed_len != len(self.committed):
-            raise SessionError(
-                "stale_state",
-                f"the client believes {request.committed_len} tokens are committed, the service "
-                f"holds {len(self.committed)}; send Sync with the full history")
+        self._check_committed(request.committed_len)
         self._check_tokens(request.append, "append")
         self._check_tokens(request.draft, "draft")
         k = len(request.draft)
@@ -95,11 +91,7 @@ class Session:
     def start_generation(self, request: Generate) -> None:
         """Check a server-only request and take its appended tokens into the history."""
         self._check_seq(request.seq)
-        if request.committed_len != len(self.committed):
-            raise SessionError(
-                "stale_state",
-                f"the client believes {request.committed_len} tokens are committed, the service "
-                f"holds {len(self.committed)}; send Sync with the full history")
+        self._check_committed(request.committed_len)
         self._check_tokens(request.append, "append")
         self._check_tokens(request.stop_ids, "stop_ids")
         if request.max_tokens < 1:
@@ -150,6 +142,13 @@ class Session:
             release(self.cache)
         self.cache = None
         give_back_free_memory()
+
+    def _check_committed(self, committed_len: int) -> None:
+        if committed_len != len(self.committed):
+            raise SessionError(
+                "stale_state",
+                f"the client believes {committed_len} tokens are committed, the service "
+                f"holds {len(self.committed)}; send Sync with the full history")
 
     def _check_seq(self, seq: int) -> None:
         if seq != self.last_seq + 1:
