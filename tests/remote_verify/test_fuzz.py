@@ -252,8 +252,8 @@ def test_ten_thousand_fuzzed_frames_leave_the_service_healthy(fuzzed_service, cl
              "service memory %.1f MiB after 1,000 frames, %.1f MiB at the end; /healthz ok: %s",
              sent[0], time.perf_counter() - started, EXAMPLES, dict(replies.most_common()), dict(closes),
              neighbour["generations"], memory["warm"] / 2**20, memory["end"] / 2**20, healthy)
-    assert sent[0] >= FRAMES_WANTED
-    assert healthy and process.poll() is None
-    assert neighbour["problems"] == [] and neighbour["generations"] >= 10
-    assert replies["verdict"] > 100 and len(replies) > 8  # deep sessions and many kinds of refusal
-    assert memory["end"] - memory["warm"] < MEMORY_SLACK_MIB * 2**20
+    assert sent[0] >= FRAMES_WANTED, sent[0]
+    assert healthy and process.poll() is None, (healthy, process.poll())
+    assert neighbour["problems"] == [] and neighbour["generations"] >= 10, neighbour
+    assert replies["verdict"] > 100 and len(replies) > 8, replies  # deep sessions and many kinds of refusal
+    assert memory["end"] - memory["warm"] < MEMORY_SLACK_MIB * 2**20, memory
