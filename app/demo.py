@@ -8,14 +8,32 @@ identical and what speculation saved: rounds (target passes and round trips) per
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from app.user_error import UserError
+
 NEAR_TIE_LOGITS = 1.5  # llama.cpp's batch-shape noise on quantized weights (benchmarks/batch_noise.py)
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 DEMO_PROMPTS = ["def quicksort(arr):", CHAT.format("What does a Python decorator do?"), "The quick brown fox"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    demo = sub.add_parser("demo", help="run the whole pipeline on this machine, target alone vs speculation")
+    demo.add_argument("--k", type=int, default=4)
+    demo.add_argument("--max-tokens", type=int, default=64)
+    demo.add_argument("--tiny", action="store_true", help="tiny random models instead of the default pair")
+    demo.set_defaults(run=demo_command)
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    try:
+        return run_demo(k=args.k, max_tokens=args.max_tokens, tiny=args.tiny)
+    except subprocess.CalledProcessError as exc:
+        raise UserError(f"the demo could not prepare its models ({exc})") from exc
 
 
 def start_service(target: Path, *options: str, cpus: set[int] | None = None) -> tuple[subprocess.Popen, str]:
@@ -70,7 +88,7 @@ def run_demo(k: int, max_tokens: int, tiny: bool) -> int:
     from local_draft.draft_model import DraftModel
     from local_draft.speculator import Speculator
     from local_draft.verify_client import VerifyClient
-    from remote_verify.protocol import Hello, SamplingParams
+    from wire.protocol import SamplingParams
 
     draft_path, target_path = demo_models(tiny)
     print(f"starting a verification service for {target_path.name} ...", flush=True)
@@ -79,9 +97,7 @@ def run_demo(k: int, max_tokens: int, tiny: bool) -> int:
     try:
         draft = DraftModel(draft_path)
         params = SamplingParams()  # greedy: output must equal the target's token for token
-        hello = Hello(vocab_fingerprint=draft.vocab_fingerprint, vocab_size=draft.vocab_size,
-                      bos_id=draft.bos_id, eos_id=draft.eos_id, sampling=params, client="specwire demo")
-        client = VerifyClient(url, hello)
+        client = VerifyClient(url, draft.hello(params, client="specwire demo"))
         header = f"{'prompt':28s} {'mode':5s} {'tokens':>6s} {'rounds':>6s} {'accept':>7s} {'tok/round':>9s} {'tok/s':>7s}"
         print(header + "  same tokens\n" + "-" * (len(header) + 13))
         near_ties = False

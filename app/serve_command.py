@@ -15,11 +15,36 @@ import os
 import ssl
 from pathlib import Path
 
-from remote_verify.limits import ServiceLimits
+from app.model_paths import resolve_model
+from app.token_file import read_token_file
+from app.user_error import UserError
+from wire.limits import ServiceLimits
 
 log = logging.getLogger(__name__)
 
 DEFAULTS = ServiceLimits()
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    env = os.environ.get
+    serve = sub.add_parser("serve", help="run the verification service")
+    serve.add_argument("--target", help="target model: a GGUF file or a Hugging Face folder "
+                       "(default: the target of --pair)")
+    serve.add_argument("--pair", default=env("SPECWIRE_PAIR"), help="model pair (default: the default pair)")
+    serve.add_argument("--backend", default=env("SPECWIRE_BACKEND", "auto"), choices=["auto", "torch", "llamacpp", "onnx"],
+                       help="target engine; auto: torch when CUDA is available, llama.cpp otherwise")
+    serve.add_argument("--device", default=env("SPECWIRE_DEVICE", "auto"), choices=["auto", "cpu", "cuda"])
+    serve.add_argument("--host", default=env("SPECWIRE_HOST", "127.0.0.1"))
+    serve.add_argument("--port", type=int, default=int(env("SPECWIRE_PORT", "8765")), help="0 picks a free port")
+    serve.add_argument("--token-file", default=env("SPECWIRE_TOKEN_FILE"),
+                       help="file holding the bearer token clients must send")
+    serve.add_argument("--max-draft", type=int, default=32, help="longest draft block per round (default: %(default)s)")
+    serve.add_argument("--max-context", type=int, default=4096,
+                       help="longest history per session (default: %(default)s)")
+    serve.add_argument("--exit-with-parent", action="store_true",
+                       help="stop when standard input closes (the program that started the service exited)")
+    add_service_arguments(serve)
+    serve.set_defaults(run=run_serve)
 
 
 def add_service_arguments(serve: argparse.ArgumentParser) -> None:
@@ -53,7 +78,6 @@ def add_service_arguments(serve: argparse.ArgumentParser) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from app.commands import UserError, read_token_file, resolve_model
     from remote_verify.access import exposure_problem, is_loopback, server_tls_context
     from remote_verify.backends import load_backend
     from remote_verify.logs import use_json_logs
@@ -87,7 +111,7 @@ def run_serve(args: argparse.Namespace) -> int:
         except (OSError, ssl.SSLError) as exc:
             raise UserError(f"cannot use the TLS certificate {args.tls_cert} with the key {args.tls_key}: "
                             f"{exc.strerror or exc}") from exc
-    target = resolve_model(args, "target")
+    target = resolve_model(args.target, args.pair, "target")
     if not Path(target).exists():
         raise UserError(f"no target model at {target}")
     config = ServiceConfig(host=args.host, port=args.port, token=token, tls=tls,

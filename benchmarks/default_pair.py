@@ -47,12 +47,11 @@ def acceptance_by_kind(url: str, k: int, max_tokens: int,
     from local_draft.speculator import Speculator
     from local_draft.verify_client import VerifyClient
     from models.registry import get_pair, require_file
-    from remote_verify.protocol import Hello, SamplingParams
+    from wire.protocol import SamplingParams
 
     pair = get_pair()
     draft = DraftModel(require_file(pair, pair.draft))
-    hello = Hello(vocab_fingerprint=draft.vocab_fingerprint, vocab_size=draft.vocab_size,
-                  bos_id=draft.bos_id, eos_id=draft.eos_id, client="benchmark")
+    hello = draft.hello(SamplingParams(), client="benchmark")
     client = VerifyClient(url, hello)
     results = {}
     for kind, texts in prompts.items():

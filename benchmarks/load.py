@@ -32,7 +32,7 @@ from pathlib import Path
 from local_draft.draft_model import DraftModel
 from local_draft.speculator import Speculator
 from local_draft.verify_client import VerifyClient
-from remote_verify.protocol import Hello, SamplingParams, Verify
+from wire.protocol import Hello, SamplingParams, Verify
 
 PROMPTS = [  # short and varied: each session cycles through them from its own offset
     "def quicksort(arr):", "import numpy as np", "class Stack:", "for i in range(10):",
@@ -147,8 +147,7 @@ class Service:
 
 
 def hello_for(draft: DraftModel) -> Hello:
-    return Hello(vocab_fingerprint=draft.vocab_fingerprint, vocab_size=draft.vocab_size, bos_id=draft.bos_id,
-                 eos_id=draft.eos_id, sampling=SamplingParams(), client="benchmarks.load")
+    return draft.hello(SamplingParams(), client="benchmarks.load")
 
 
 def reference_continuations(url: str, draft: DraftModel, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:

@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.onnx_backend [--tiny] [--target PATH] [--onnx DIR] [--export]
                                                 [--k 1 4 8] [--context 256] [--repeats 10] [--threads N]
 
-Export: `models.onnx_export.export_onnx(target, DIR)` timed, when --export is given or DIR
+Export: `models.onnx_export.export_onnx(target, DIR, check=...)` timed, when --export is given or DIR
 holds no export yet; the folder's size is printed either way. The default target is the
 default pair's (a GGUF file, de-quantized once into the cache as the torch backend does);
 --tiny builds the tiny test models and uses their target.
@@ -47,13 +47,14 @@ def main() -> None:
     args = parser.parse_args()
 
     from models.onnx_export import export_onnx
+    from remote_verify.backends.onnx_check import logit_difference
     from models.onnx_manifest import is_onnx_export
 
     scratch = tempfile.TemporaryDirectory(prefix="specwire-onnx-bench-")
     target = Path(args.target) if args.target else _default_target(args.tiny, Path(scratch.name))
     out = Path(args.onnx) if args.onnx else Path(scratch.name) / "onnx"
     if args.export or not is_onnx_export(out):
-        result = export_onnx(target, out, progress=lambda line: print(f"  {line}", flush=True))
+        result = export_onnx(target, out, check=logit_difference, progress=lambda line: print(f"  {line}", flush=True))
         print(f"export: {result.seconds:.1f} s (de-quantizing a GGUF included when it was not cached yet)")
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     print(f"export size: {size / 1e6:,.1f} MB in {out}")

@@ -109,9 +109,10 @@ class AdaptiveK:
     def alpha(self) -> float:
         return min(self._accepted.value or PRIOR_ALPHA, 0.995)
 
-    def choose(self, remaining: int) -> int:
-        """k for the next round, given that at most `remaining` tokens are still wanted."""
-        cap = max(0, min(self.max_k, remaining - 1))  # the service adds one token of its own
+    def choose(self, remaining: int, limit: int | None = None) -> int:
+        """k for the next round: at most `remaining` - 1 tokens (the service adds one) and `limit`
+        (the service's longest draft block)."""
+        cap = max(0, min(self.max_k, remaining - 1, self.max_k if limit is None else limit))
         if self._draft_token_s.value is None or self._verify.predict(1) is None:
             choice = min(START_K, cap)
         else:

@@ -18,8 +18,8 @@ import llama_cpp
 import numpy as np
 from llama_cpp._utils import suppress_stdout_stderr
 
-from remote_verify.protocol import SamplingParams, SparseDist, vocab_fingerprint
-from remote_verify.sampling import sample, truncate, warp
+from wire.protocol import Hello, SamplingParams, SparseDist, vocab_fingerprint
+from wire.sampling import sample, truncate, warp
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,11 @@ class DraftModel:
             self._end_ids = frozenset(
                 i for i in range(self.vocab_size) if llama_cpp.llama_vocab_is_eog(self._vocab, i)) | {self.eos_id}
         return self._end_ids
+
+    def hello(self, params: SamplingParams, seed: int | None = None, client: str = "") -> Hello:
+        """The handshake that tells a service this drafter's vocabulary and how it samples."""
+        return Hello(vocab_fingerprint=self.vocab_fingerprint, vocab_size=self.vocab_size, bos_id=self.bos_id,
+                     eos_id=self.eos_id, sampling=params, seed=seed, client=client)
 
     def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
         add_bos = self.add_bos if add_bos is None else add_bos

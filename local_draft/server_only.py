@@ -17,7 +17,7 @@ from local_draft.generation_stats import Generation, GenerationStats
 from local_draft.service_link import ServiceLink
 from local_draft.speculator import FixedLink, OnCommit, ShouldStop
 from local_draft.verify_client import ServiceUnreachable, VerifyClient, VerifyError
-from remote_verify.protocol import Cancel, Generate, Generated, Sync
+from wire.protocol import Cancel, Generate, Generated, Sync
 
 STOP_REASONS = {"cancelled": "stopped"}  # the service's word -> the speculation loop's
 INTERRUPTED = ("going_away", "lost")  # the stream ended before its end: continue elsewhere

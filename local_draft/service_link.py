@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from local_draft.verify_client import ServiceBusy, ServiceUnreachable, VerifyClient, VerifyError
-from remote_verify.protocol import Hello
+from wire.protocol import Hello, Welcome
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ class ServiceLink:
         self._wake = threading.Event()  # cuts a backoff wait short
         self._reconnector: threading.Thread | None = None
         self._client: VerifyClient | None = VerifyClient(**self._connect_args)
+        self.welcome: Welcome = self._client.welcome  # the latest handshake's answer: the service's limits
         self.connections = 1  # how many sessions this link has opened, reconnects included
 
     @property
@@ -87,7 +88,7 @@ class ServiceLink:
             if self._client is not client or self._closed.is_set():
                 fresh.close()
                 return
-            self._client = fresh
+            self._client, self.welcome = fresh, fresh.welcome
             self.connections += 1
         client.close()
         log.info("the service closed the session (%s); opened a new one", client.close_reason or "no reason")
@@ -143,7 +144,7 @@ class ServiceLink:
                 if self._closed.is_set():
                     client.close()
                     return
-                self._client = client
+                self._client, self.welcome = client, client.welcome
                 self.connections += 1
             log.info("reconnected to the verification service at %s", self.url)
             self._notify(LinkState(True, f"reconnected to {self.url}"))

@@ -29,7 +29,7 @@ from local_draft.draft_model import DraftModel, DraftModelError
 from local_draft.generation_stats import Generation, GenerationStats
 from local_draft.service_link import ServiceLink
 from local_draft.verify_client import ServiceUnreachable, VerifyClient, VerifyError
-from remote_verify.protocol import SamplingParams, SparseDist, Sync, Verdict, Verify
+from wire.protocol import SamplingParams, SparseDist, Sync, Verdict, Verify
 
 __all__ = ["Generation", "GenerationStats", "Speculator"]
 
@@ -43,6 +43,7 @@ class FixedLink:
 
     def __init__(self, client: VerifyClient):
         self.client = client
+        self.welcome = client.welcome
 
     def current(self) -> VerifyClient:
         return self.client
@@ -67,7 +68,7 @@ class Speculator:
         self.draft = draft
         self.link = FixedLink(link) if isinstance(link, VerifyClient) else link  # None: offline
         self.params = params
-        self.k = k  # draft tokens per round; None: chosen each round (adaptive)
+        self.k = k  # the setting (set_k): draft tokens per round; None: chosen each round (adaptive)
         self.pipeline = pipeline
         self.controller = AdaptiveK(max_k=max_k, pipelined=pipeline)  # learns even when k is fixed
         self.stats = GenerationStats()  # the generation in progress (or the last one), live
@@ -77,6 +78,29 @@ class Speculator:
         self._seq = 0
         self._bytes_before_client = (0, 0)  # byte counts of connections since replaced
         self._ahead: DraftedAhead | None = None
+
+    # ---- the draft length -------------------------------------------------------------
+
+    def set_k(self, k: int | None) -> None:
+        """Draft k tokens a round from the next round on (None: adaptive); k above the service's
+        longest block is drafted at that limit."""
+        if k is not None and k < 0:
+            raise ValueError(f"k must be 0 or more, got {k}")
+        self.k = k
+
+    @property
+    def max_draft(self) -> int | None:
+        """The service's longest draft block (from its latest Welcome), None without a service."""
+        return self.link.welcome.max_draft if self.link is not None else None
+
+    def _round_k(self, remaining: int) -> int:
+        """This round's draft length: the setting, within the service's limit and what is left to make."""
+        limit = self._client.welcome.max_draft
+        if self.k is None:
+            return self.controller.choose(remaining, limit)
+        return max(0, min(self.k, limit, remaining - 1))  # the service adds one token of its own
+
+    # ---- generating -------------------------------------------------------------------
 
     def generate(self, context: Sequence[int], max_tokens: int, on_commit: OnCommit | None = None,
                  should_stop: ShouldStop | None = None) -> Generation:
@@ -122,7 +146,7 @@ class Speculator:
         if not self._use_current_client():
             self._ahead = None
             return self._offline_round(history, stats)
-        k = self.controller.choose(remaining) if self.k is None else max(0, min(self.k, remaining - 1))
+        k = self._round_k(remaining)
         t0 = time.perf_counter()
         draft, dists, drafted_now = self._draft_block(history, k, stats)
         draft_s = time.perf_counter() - t0

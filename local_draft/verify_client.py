@@ -17,7 +17,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidHandsh
 from websockets.protocol import State
 from websockets.sync.client import ClientConnection, connect
 
-from remote_verify.protocol import (
+from wire.protocol import (
     SUBPROTOCOL,
     Cancel,
     Error,

@@ -49,10 +49,14 @@ class ExportResult:
 
 
 Progress = Callable[[str], None]
+# (export folder, manifest, probe tokens, torch's logits for them) -> largest |logit difference|:
+# the service's own onnxruntime run (remote_verify/backends/onnx_check.py), given by the caller
+Check = Callable[[Path, OnnxManifest, list, object], float]
 
 
-def export_onnx(target: Path, out: Path, progress: Progress = log.info) -> ExportResult:
-    """Export `target` (HF folder or GGUF file) to the folder `out`; `progress` gets one line per stage."""
+def export_onnx(target: Path, out: Path, check: Check, progress: Progress = log.info) -> ExportResult:
+    """Export `target` (HF folder or GGUF file) to the folder `out`, promoted only when `check` finds
+    its logits within CHECK_TOLERANCE of torch's; `progress` gets one line per stage."""
     started = time.monotonic()
     target, out = Path(target).expanduser(), Path(out).expanduser()
     _check_destination(target, out)
@@ -83,7 +87,7 @@ def export_onnx(target: Path, out: Path, progress: Progress = log.info) -> Expor
         gc.collect()
 
         progress(f"[4/{STAGES}] checking the export with onnxruntime against torch's logits")
-        difference = _check_with_onnxruntime(partial, manifest, probe, reference)
+        difference = _checked(check, partial, manifest, probe, reference)
         manifest = replace(manifest, check_max_abs_logit_diff=difference)
         manifest.write(partial)  # last: a folder without the manifest is not an export
         shutil.rmtree(out, ignore_errors=True)
@@ -158,7 +162,7 @@ def _load_model(hf_dir: Path):
 def _describe(model, hf_dir: Path, source: Path) -> OnnxManifest:
     from models.onnx_trace import OPSET
     from models.vocab import hf_token_texts
-    from remote_verify.protocol import vocab_fingerprint
+    from wire.protocol import vocab_fingerprint
 
     config = model.config
     vocab_size = int(config.vocab_size)
@@ -215,19 +219,9 @@ def _release(program) -> None:
     release_weights(program)
 
 
-def _check_with_onnxruntime(folder: Path, manifest: OnnxManifest, probe: list[int], reference) -> float:
-    """Run the export as the backend does (a prefix, then a roll back of two) against torch's logits."""
-    import numpy as np
-
-    from remote_verify.backends.onnx_backend import OnnxTarget
-
-    target = OnnxTarget(folder, device="cpu", manifest=manifest)
-    cache = target.new_cache()
-    first = target.forward(cache, probe[:8], n_logits=8)
-    target.truncate(cache, 6)
-    second = target.forward(cache, probe[6:], n_logits=len(probe) - 6)
-    difference = max(float(np.abs(first - reference[:8]).max()), float(np.abs(second - reference[6:]).max()))
-    del target
+def _checked(check: Check, folder: Path, manifest: OnnxManifest, probe: list[int], reference) -> float:
+    """The export's largest logit difference from torch, by `check`; ExportError when too large."""
+    difference = check(folder, manifest, probe, reference)
     if not difference <= CHECK_TOLERANCE:  # also catches NaN
         raise ExportError(f"the exported model's logits differ from torch's by {difference:.3g} "
                           f"(more than {CHECK_TOLERANCE}): the export is wrong; please report it")

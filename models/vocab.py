@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from remote_verify.protocol import vocab_fingerprint
+from wire.protocol import vocab_fingerprint
 
 
 def gguf_token_texts(path: Path) -> list[bytes]:

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from remote_verify.protocol import SparseDist
+from wire.protocol import SparseDist
 
 
 def accept_greedy(target_argmax: Sequence[int], draft: Sequence[int]) -> tuple[int, int]:

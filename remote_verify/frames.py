@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from remote_verify.protocol import ClientMessage, Hello, decode_client_message
+from wire.protocol import ClientMessage, Hello, decode_client_message
 
 CLIENT_TYPES = ("hello", "verify", "sync", "generate", "cancel")
 MAX_SEED = 2**64 - 1  # the service's generator takes a 64-bit unsigned seed

@@ -1,49 +1,8 @@
-"""The service's limits, and the token bucket that enforces a request rate per connection.
-
-Every limit has a default that a single-GPU service can live with and a `specwire serve`
-flag to change it. Hitting a limit refuses one request or one connection, with a message
-that says which limit and when to try again; it never stops the service.
-"""
+"""The token bucket that enforces a request rate per connection (the limits themselves: wire/limits.py)."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class ServiceLimits:
-    # A Sync of a 131,072-token history is at most ~640 KiB of msgpack; a 32-token sampled
-    # draft ~20 KiB. Larger frames are closed with 1009 before they are decoded.
-    max_frame_bytes: int = 1024 * 1024
-    # Each session owns a KV cache sized for the whole context (llama.cpp allocates it at
-    # once): the session count is what bounds the service's memory.
-    max_sessions: int = 32
-    idle_timeout_s: float = 300.0  # a session silent this long is closed; its client resyncs
-    # Requests per second per connection, sustained and in a burst. A client sends one
-    # request per round (two after a new turn: Sync, Verify). Target-only decoding (k = 0) of
-    # a small model on a GPU makes a few hundred rounds a second: the limit is for floods.
-    rate_per_s: float = 1000.0
-    rate_burst: int = 1000
-    retry_after_s: float = 5.0  # the hint sent with a refused connection (sessions full, loading)
-    drain_timeout_s: float = 30.0  # SIGTERM: how long rounds in flight may take to finish
-
-    def problems(self) -> list[str]:
-        """Every limit that cannot work, as sentences naming the flag."""
-        found = []
-        if self.max_frame_bytes < 4096:
-            found.append(f"--max-frame-bytes must be at least 4096, got {self.max_frame_bytes}")
-        if self.max_sessions < 1:
-            found.append(f"--max-sessions must be at least 1, got {self.max_sessions}")
-        if not self.idle_timeout_s > 0:
-            found.append(f"--idle-timeout must be more than 0 seconds, got {self.idle_timeout_s}")
-        if not self.rate_per_s > 0:
-            found.append(f"--rate must be more than 0 requests a second, got {self.rate_per_s}")
-        if self.rate_burst < 1:
-            found.append(f"--rate-burst must be at least 1, got {self.rate_burst}")
-        if not self.drain_timeout_s >= 0:
-            found.append(f"--drain-timeout must be 0 seconds or more, got {self.drain_timeout_s}")
-        return found
 
 
 class TokenBucket:

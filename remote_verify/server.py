@@ -31,10 +31,11 @@ from websockets.protocol import State
 from remote_verify.access import bearer_problem
 from remote_verify.backends import TargetBackend
 from remote_verify.frames import BadFrame, hello_problems, read_client_frame
-from remote_verify.limits import ServiceLimits, TokenBucket
+from remote_verify.limits import TokenBucket
+from wire.limits import ServiceLimits
 from remote_verify.logs import session_log
 from remote_verify.metrics import ServiceMetrics
-from remote_verify.protocol import (
+from wire.protocol import (
     CLOSE_GOING_AWAY,
     CLOSE_IDLE_TIMEOUT,
     CLOSE_PROTOCOL_ERROR,
@@ -52,7 +53,7 @@ from remote_verify.protocol import (
 )
 from remote_verify.scheduler import DeviceQueue, QueueClosed
 from remote_verify.session import Session, SessionError, SessionLimits
-from remote_verify.streaming import ServerOnlyStream
+from remote_verify.server_only import ServerOnlyStream
 
 log = logging.getLogger(__name__)
 

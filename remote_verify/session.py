@@ -19,8 +19,8 @@ import numpy as np
 from remote_verify.acceptance import accept_greedy, accept_sampled
 from remote_verify.backends import TargetBackend
 from remote_verify.memory import give_back_free_memory
-from remote_verify.protocol import Generate, SamplingParams, SparseDist, Sync, Synced, Verdict, Verify
-from remote_verify.sampling import warp
+from wire.protocol import Generate, SamplingParams, SparseDist, Sync, Synced, Verdict, Verify
+from wire.sampling import warp
 
 
 @dataclass(frozen=True)

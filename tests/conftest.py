@@ -38,8 +38,9 @@ def llamacpp_target(tiny):
 def onnx_export_dir(tiny, tmp_path_factory):
     """The tiny target exported by `models.onnx_export` (about 10 s)."""
     from models.onnx_export import export_onnx
+    from remote_verify.backends.onnx_check import logit_difference
 
-    return export_onnx(tiny.target, tmp_path_factory.mktemp("onnx") / "target-onnx").out
+    return export_onnx(tiny.target, tmp_path_factory.mktemp("onnx") / "target-onnx", check=logit_difference).out
 
 
 @pytest.fixture(scope="session")
@@ -125,8 +126,6 @@ def far_draft(tiny):
 
 
 def hello_for(draft, sampling=None, seed=None):
-    from remote_verify.protocol import Hello, SamplingParams
+    from wire.protocol import SamplingParams
 
-    return Hello(vocab_fingerprint=draft.vocab_fingerprint, vocab_size=draft.vocab_size,
-                 bos_id=draft.bos_id, eos_id=draft.eos_id, sampling=sampling or SamplingParams(),
-                 seed=seed, client="tests")
+    return draft.hello(sampling or SamplingParams(), seed=seed, client="tests")

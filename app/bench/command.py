@@ -11,8 +11,29 @@ from app.bench.modes import MODES, MODES_BY_NAME
 from app.bench.prompts import PROMPTS
 from app.bench.report import render_checks, render_tables, summarize, write_json, write_plot
 from app.bench.runner import BenchConfig, count_runs, run_bench
+from app.generation_flags import add_sampling_arguments, sampling_params
+from app.model_paths import resolve_model
+from app.user_error import UserError
 
 log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser("bench", help="every mode side by side under emulated round-trip times: "
+                           "tokens/s, target passes, round trips and bytes per token (table, JSON, plot)")
+    add_arguments(bench)
+    bench.set_defaults(run=bench_command)
+
+
+def bench_command(args: argparse.Namespace) -> int:
+    draft = resolve_model(args.draft, args.pair, "draft")
+    target = resolve_model(args.target, args.pair, "target")
+    try:
+        config = parse(args, draft, target)
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    run(config, Path(args.out) if args.out else default_out_dir())
+    return 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,8 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kinds", default=",".join(PROMPTS), help="prompt kinds (default: %(default)s)")
     parser.add_argument("--prompts-per-kind", type=int, default=None, help="the first N prompts of each kind")
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens per reply (default: 128)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
-    parser.add_argument("--seed", type=int, default=0)
+    add_sampling_arguments(parser, seed=0)
     parser.add_argument("--service-cpus", type=int, default=None,
                         help="cores pinned to the local service, the rest to the client, as if on two machines "
                              "(default: half; 0: no pinning, both share every core)")
@@ -55,7 +75,7 @@ def parse(args: argparse.Namespace, draft: str, target: str) -> BenchConfig:
     return BenchConfig(draft=Path(draft), target=Path(target), backend=args.backend, rtts_ms=rtts,
                        jitter_ms=args.jitter_ms, modes=[MODES_BY_NAME[m] for m in args.modes.split(",")],
                        kinds=kinds, prompts_per_kind=args.prompts_per_kind, max_tokens=args.max_tokens,
-                       temperature=args.temperature, seed=args.seed, service_cpus=args.service_cpus)
+                       params=sampling_params(args), seed=args.seed, service_cpus=args.service_cpus)
 
 
 def run(config: BenchConfig, out_dir: Path) -> dict:
@@ -84,7 +104,8 @@ def run(config: BenchConfig, out_dir: Path) -> dict:
     settings = {"draft": str(config.draft), "target": str(config.target), "backend": config.backend,
                 "rtts_ms": config.rtts_ms, "jitter_ms": config.jitter_ms, "modes": [m.name for m in config.modes],
                 "kinds": config.kinds, "prompts_per_kind": config.prompts_per_kind,
-                "max_tokens": config.max_tokens, "temperature": config.temperature, "seed": config.seed,
+                "max_tokens": config.max_tokens, "temperature": config.params.temperature,
+                "top_k": config.params.top_k, "top_p": config.params.top_p, "seed": config.seed,
                 "service_cpus": config.service_cpus}
     write_json(json_path, settings, runs, cells, notes)
     written = {"json": str(json_path)}

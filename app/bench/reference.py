@@ -50,7 +50,8 @@ def run_reference(config: BenchConfig, progress: Callable[[int, int], None]) -> 
         timer = _FirstTokenTimer()
         input_ids = torch.tensor([ids])
         output = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=assistant,
-                                 do_sample=config.temperature > 0, temperature=config.temperature or None,
+                                 do_sample=not config.params.greedy, temperature=config.params.temperature or None,
+                                 top_k=config.params.top_k or None, top_p=config.params.top_p,
                                  max_new_tokens=max_tokens, eos_token_id=vocab.eos_id, pad_token_id=vocab.eos_id,
                                  streamer=timer)
         return output[0, len(ids):].tolist(), timer

@@ -22,6 +22,7 @@ from app.bench.modes import Mode, Run
 from app.bench.prompts import PROMPTS
 from app.demo import start_service
 from app.latency_proxy import LatencyProxy
+from wire.protocol import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ class BenchConfig:
     kinds: list[str]
     prompts_per_kind: int | None  # None: every prompt of each kind
     max_tokens: int
-    temperature: float = 0.0
+    params: SamplingParams = SamplingParams()  # greedy by default
     seed: int = 0
     service_cpus: int | None = None  # cores pinned to the service; None: half; 0: no pinning
 
@@ -73,9 +74,7 @@ def count_runs(config: BenchConfig) -> int:
 def run_bench(config: BenchConfig, progress: Callable[[int, int], None]) -> list[Run]:
     """Every networked and offline mode; the outside reference is run apart (app.bench.reference)."""
     from local_draft.draft_model import DraftModel
-    from remote_verify.protocol import SamplingParams
-
-    params = SamplingParams(temperature=config.temperature)
+    params = config.params
     service_cores, client_cores = split_cores(config.service_cpus)
     all_cores = os.sched_getaffinity(0) if client_cores else None
     if client_cores:
@@ -134,12 +133,10 @@ def _generator(mode: Mode, url: str | None, draft, params, seed: int):
     from local_draft.server_only import ServerOnlyGenerator
     from local_draft.service_link import ServiceLink
     from local_draft.speculator import Speculator
-    from remote_verify.protocol import Hello
 
     if mode.kind == "offline":
         return Speculator(draft, None, params, seed=seed), None
-    hello = Hello(vocab_fingerprint=draft.vocab_fingerprint, vocab_size=draft.vocab_size, bos_id=draft.bos_id,
-                  eos_id=draft.eos_id, sampling=params, seed=seed, client=f"specwire bench ({mode.name})")
+    hello = draft.hello(params, seed=seed, client=f"specwire bench ({mode.name})")
     # A link, as a user's client has: a session the service closed while this mode waited
     # its turn (idle timeout) is reopened at once, and rebuilt from the history.
     link = ServiceLink(url, hello)

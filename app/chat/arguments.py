@@ -1,24 +1,25 @@
-"""The flags of `specwire chat` (kept here so that app/cli.py only names the subcommand)."""
+"""`specwire chat`: its flags; the chat itself loads only when it runs (app/chat/launch.py)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 
+from app.generation_flags import add_k_argument, add_sampling_arguments
+
 LATEST = ""  # `--resume` without an id: the most recent chat
 
 
-def k_setting(text: str) -> int | None:
-    """--k: a number of draft tokens, or auto (None)."""
-    if text.lower() == "auto":
-        return None
-    try:
-        k = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number or auto, got {text!r}") from None
-    if k < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {k}")
-    return k
+def register(sub: argparse._SubParsersAction) -> None:
+    chat = sub.add_parser("chat", help="chat in the terminal: hybrid (default), remote (--server) or --offline")
+    add_chat_arguments(chat)
+    chat.set_defaults(run=chat_command)
+
+
+def chat_command(args: argparse.Namespace) -> int:
+    from app.chat.launch import run_chat  # the chat's modules load only for the chat
+
+    return run_chat(args)
 
 
 def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,12 +39,8 @@ def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
     service.add_argument("--ca-file", default=env("SPECWIRE_CA_FILE"), help="CA certificates for a wss:// --server")
     service.add_argument("--offline", action="store_true", help="start with the draft model alone (/online later)")
     generation = parser.add_argument_group("generation")
-    generation.add_argument("--k", type=k_setting, default=None, metavar="N|auto",
-                            help="draft tokens per round (default: auto); 0: the service writes every token")
-    generation.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
-    generation.add_argument("--top-k", type=int, default=0, help="0 keeps every token")
-    generation.add_argument("--top-p", type=float, default=1.0)
-    generation.add_argument("--seed", type=int, default=None, help="makes sampled replies reproducible")
+    add_k_argument(generation)
+    add_sampling_arguments(generation)
     generation.add_argument("--system", help="system prompt (default: the resumed chat's, or the template's)")
     generation.add_argument("--max-tokens", type=int, default=1024, help="longest reply, in tokens")
     generation.add_argument("--context", type=int, default=4096,

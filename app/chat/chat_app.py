@@ -1,4 +1,4 @@
-"""The chat application: it composes the chat screen and adds the slash commands to the palette."""
+"""The chat application: it builds the engine, shows it on the chat screen, and adds the slash commands to the palette."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from textual.app import App, SystemCommand
 from textual.screen import Screen
 
 from app.chat.chat_screen import ChatScreen
+from app.chat.engine import ChatEngine
 from app.chat.settings import ChatSettings
 from app.chat.slash_commands import COMMANDS
 
@@ -20,11 +21,8 @@ class ChatApp(App):
     def __init__(self, settings: ChatSettings):
         super().__init__()
         self.settings = settings
-        self.chat_screen = ChatScreen(settings)
-
-    @property
-    def engine(self):
-        return self.chat_screen.engine
+        self.engine = ChatEngine(settings)
+        self.chat_screen = ChatScreen(settings, self.engine)
 
     def on_mount(self) -> None:
         self.push_screen(self.chat_screen)

@@ -13,7 +13,6 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-import msgspec
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -21,8 +20,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from app.chat.engine import BusyError, ChatEngine, Connection, LiveStats, StartupProblem
-from app.chat.export import default_path, save_markdown
+from app.chat.engine import ChatEngine
 from app.chat.messages import (
     CommandDone,
     ConnectionChanged,
@@ -36,8 +34,9 @@ from app.chat.messages import (
 )
 from app.chat.problem_screen import ProblemScreen
 from app.chat.settings import ChatSettings
-from app.chat.slash_commands import SlashCommand, help_text, is_command, parse, parse_k, parse_temperature
-from app.chat.stats_table import stats_table
+from app.chat.slash_commands import SlashCommand, is_command, parse
+from app.chat.slash_handlers import SlashHandlers
+from app.chat.state import BusyError, Connection, LiveStats, StartupProblem
 from app.chat.widgets.assistant_turn import AssistantTurn
 from app.chat.widgets.loading_panel import LoadingPanel
 from app.chat.widgets.prompt_input import PromptInput
@@ -57,10 +56,12 @@ class ChatScreen(Screen):
         Binding("ctrl+t", "toggle_marks", "Marks"),
     ]
 
-    def __init__(self, settings: ChatSettings):
+    def __init__(self, settings: ChatSettings, engine: ChatEngine):
         super().__init__()
         self.settings = settings
-        self.engine = ChatEngine(settings, ScreenListener(self))
+        self.engine = engine
+        engine.listener = ScreenListener(self)  # the engine's reports become this screen's messages
+        self.commands = SlashHandlers(self)
         self.marks = True  # provenance marks on: the point of the tool; ctrl+t shows rendered Markdown
         self.ready = False
         self.replying = False
@@ -74,7 +75,7 @@ class ChatScreen(Screen):
     # ---- layout ---------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        yield TopBar(self._title(), self.marks)
+        yield TopBar(self.chat_title(), self.marks)
         conversation = self.engine.conversation
         with VerticalScroll(id="transcript"):
             if self.settings.resume:
@@ -93,21 +94,21 @@ class ChatScreen(Screen):
         yield StatusLine(self.settings.steady_display, id="status")
         yield Footer()
 
-    def _title(self) -> str:
+    def chat_title(self) -> str:
         if self.settings.server:
             target = self.settings.server
         elif self.settings.target:
             target = Path(self.settings.target).name
-        else:
+        else:  # no target file: told properly when the service would start
             try:
                 target = get_pair(self.settings.pair).target.filename
-            except RegistryError:  # told properly when the service starts
+            except RegistryError:
                 target = f"pair {self.settings.pair or 'default'}"
         return f"specwire · {self.settings.draft.name.removesuffix('.gguf')} ⇢ {target.removesuffix('.gguf')}"
 
     def on_mount(self) -> None:
         self.query_one("#transcript", VerticalScroll).anchor()
-        self._show_status()
+        self.show_status()
         # A fast drafter commits hundreds of rounds a second: redraw at a steady rate instead
         # of once a round, so the screen never holds the generation back.
         self.set_interval(1 / STREAM_FPS, self._show_tokens)
@@ -151,7 +152,7 @@ class ChatScreen(Screen):
             panel.show(message.text, message.from_service)
         if not panels and self.working and not message.from_service:  # /online: steps in the status line
             self.working = message.text
-            self._show_status()
+            self.show_status()
 
     async def on_engine_ready(self, message: EngineReady) -> None:
         self.working = ""
@@ -160,7 +161,7 @@ class ChatScreen(Screen):
         prompt.disabled = False
         prompt.focus()
         self.ready = True
-        self._show_status()
+        self.show_status()
 
     def on_startup_failed(self, message: StartupFailed) -> None:
         self.problem = message.problem
@@ -229,7 +230,7 @@ class ChatScreen(Screen):
             mine = [r for r in rounds if r.turn == self.current.turn]
             await self.current.add([p for r in mine for p in r.pieces], [p for r in mine for p in r.provenance])
         self.stats = rounds[-1].stats
-        self._show_status()
+        self.show_status()
 
     async def on_reply_finished(self, message: ReplyFinished) -> None:
         await self._show_tokens()
@@ -248,10 +249,10 @@ class ChatScreen(Screen):
             turns[-1].add_note(message.text)
         else:
             self.add_notice(message.text, "warning")
-        self._show_status()
+        self.show_status()
 
     def on_connection_changed(self, message: ConnectionChanged) -> None:
-        self._show_status()
+        self.show_status()
 
     def _set_replying(self, replying: bool) -> None:
         self.replying = replying
@@ -260,13 +261,13 @@ class ChatScreen(Screen):
         if not replying:
             prompt.focus()
         self.refresh_bindings()
-        self._show_status()
+        self.show_status()
 
     def action_stop_reply(self) -> None:
         if self.replying:
             self.stop_requested.set()
             self.working = "stopping"
-            self._show_status()
+            self.show_status()
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         if action == "stop_reply":
@@ -285,7 +286,7 @@ class ChatScreen(Screen):
         """Carry out `/name argument`; on an error the text stays in the box to be fixed."""
         try:
             command, argument = parse(text)
-            await getattr(self, f"command_{command.name}")(argument)
+            await getattr(self.commands, command.name)(argument)
         except ValueError as exc:
             self.add_notice(str(exc), "error")
             return
@@ -310,110 +311,43 @@ class ChatScreen(Screen):
         else:
             self.run_worker(self.run_command_text(f"/{command.name}"), exclusive=False)
 
-    async def command_help(self, argument: str) -> None:
-        self.add_notice(help_text())
-
-    async def command_offline(self, argument: str) -> None:
-        if self.engine.link is None:
-            raise ValueError("already offline: /online verifies again")
-        self._slow(self.engine.go_offline, "going offline", "offline: the draft model alone, tokens unverified")
-
-    async def command_online(self, argument: str) -> None:
-        if self.engine.link is not None:
-            raise ValueError(f"already online ({self.engine.connection.detail})")
-        self._refuse_while_busy()
-        self.working = "connecting"
-        self._show_status()
-        self.connect_engine(ready=False)
-
-    async def command_k(self, argument: str) -> None:
-        self._refuse_while_busy()
-        self.engine.set_k(parse_k(argument))
-        k = self.engine.k
-        self.stats = dataclasses.replace(self.stats, k=k)
-        self.add_notice("k = auto: the draft length is chosen each round" if k is None else
-                        "k = 0: the service writes every token (remote mode)" if k == 0 else
-                        f"k = {k} draft tokens per round")
-        self._show_status()
-
-    async def command_temperature(self, argument: str) -> None:
-        self._refuse_while_busy()
-        params = msgspec.structs.replace(self.engine.params, temperature=parse_temperature(argument))
-        problems = params.problems()
-        if problems:
-            raise ValueError("; ".join(problems))
-        self._slow(lambda: self.engine.set_params(params), "new sampling settings",
-                   f"temperature = {params.temperature:g}" + (" (greedy)" if params.greedy else ""))
-
-    async def command_system(self, argument: str) -> None:
-        if not argument:
-            current = self.engine.conversation.system
-            self.add_notice(f"system prompt: {current}" if current else
-                            "no system prompt of yours: the chat template's default applies")
-            return
-        self._refuse_while_busy()
-        text = "" if argument == "-" else argument
-        self.engine.set_system(text)
-        self.add_notice("system prompt removed" if not text else f"system prompt set: {text}")
-
-    async def command_marks(self, argument: str) -> None:
-        await self.action_toggle_marks()
-
-    async def command_stats(self, argument: str) -> None:
-        if not self.engine.conversation.turns:
-            raise ValueError("no turns yet: statistics come with the first reply")
-        self.add_notice(stats_table(self.engine.conversation, self.settings.steady_display))
-
-    async def command_save(self, argument: str) -> None:
-        conversation = self.engine.conversation
-        if not conversation.turns:
-            raise ValueError("nothing to save yet")
-        try:
-            path = save_markdown(conversation, self._title().removeprefix("specwire · "),
-                                 Path(argument) if argument else default_path(conversation))
-        except OSError as exc:
-            raise ValueError(f"cannot write {argument or default_path(conversation)}: {exc.strerror or exc}") from exc
-        self.add_notice(f"saved as {path}")
-
-    async def command_clear(self, argument: str) -> None:
-        self._refuse_while_busy()
-        previous = self.engine.conversation.chat_id
-        self.engine.new_chat()
-        transcript = self.query_one("#transcript", VerticalScroll)
-        await transcript.remove_children()
-        self.query_one(PromptInput).sent_prompts.clear()
-        self.add_notice("a new chat" + (f"; the previous one is saved: specwire chat --resume {previous}"
-                                        if previous else ""))
-
-    async def command_quit(self, argument: str) -> None:
-        self.app.exit()
-
-    def _refuse_while_busy(self) -> None:
+    def refuse_while_busy(self) -> None:
         if self.replying or self.working:
             raise BusyError(self.working or "a reply is in progress")
 
-    def _slow(self, call: Callable[[], None], doing: str, done: str) -> None:
-        self._refuse_while_busy()
+    def run_slow(self, call: Callable[[], None], doing: str, done: str) -> None:
+        """A command that blocks (connecting, new settings): on the engine's worker, shown as `doing`."""
+        self.refuse_while_busy()
         self.working = doing
-        self._show_status()
-        self.run_slow(call, done)
+        self.show_status()
+        self._run_slow(call, done)
 
     @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
-    def run_slow(self, call: Callable[[], None], done: str) -> None:
+    def _run_slow(self, call: Callable[[], None], done: str) -> None:
         self._engine_call(call, ready=False, done=done)
+
+    def start_connecting(self) -> None:
+        """/online: connect on the engine's worker; the steps show in the status line."""
+        self.working = "connecting"
+        self.show_status()
+        self.connect_engine(ready=False)
+
+    async def clear_transcript(self) -> None:
+        await self.query_one("#transcript", VerticalScroll).remove_children()
+        self.query_one(PromptInput).sent_prompts.clear()
 
     def on_command_done(self, message: CommandDone) -> None:
         self.working = ""
         self.add_notice(message.text, "error" if message.error else "info")
         self.stats = dataclasses.replace(self.stats, mode=self.engine.mode)
-        self._show_status()
+        self.show_status()
 
     # ---- helpers --------------------------------------------------------------------
 
     def add_notice(self, text, kind: str = "info") -> None:
         self.query_one("#transcript", VerticalScroll).mount(Notice(text, kind))
 
-    def _show_status(self) -> None:
+    def show_status(self) -> None:
         stats = dataclasses.replace(self.stats, mode=self.engine.mode, k=self.engine.k)
         connection = self.engine.connection
         if not self.ready and not self.working:  # show the mode the chat is starting into

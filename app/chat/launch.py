@@ -15,8 +15,10 @@ from pathlib import Path
 
 from app.chat.settings import ChatSettings
 from app.chat.store import ChatNotFound, ChatStore
-from app.commands import UserError, read_token_file, resolve_model
-from remote_verify.protocol import SamplingParams
+from app.generation_flags import sampling_params
+from app.model_paths import resolve_model
+from app.token_file import read_token_file
+from app.user_error import UserError
 
 
 def log_path() -> Path:
@@ -51,22 +53,36 @@ def list_chats(store: ChatStore) -> int:
 
 
 def settings_from(args: argparse.Namespace, store: ChatStore) -> ChatSettings:
-    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    problems = params.problems()
-    problems += [f"--max-tokens must be 1 or more, got {args.max_tokens}"] if args.max_tokens < 1 else []
+    params = sampling_params(args)
+    problems = [f"--max-tokens must be 1 or more, got {args.max_tokens}"] if args.max_tokens < 1 else []
     problems += [f"--context must be 64 or more, got {args.context}"] if args.context < 64 else []
     if problems:
         raise UserError("; ".join(problems))
-    draft = Path(resolve_model(args, "draft"))  # names the fetch command when it is missing
+    draft = Path(resolve_model(args.draft, args.pair, "draft"))  # names the fetch command when it is missing
+    target, target_problem = embedded_target(args)
     try:
         resume = store.path_of(args.resume or None) if args.resume is not None else None
     except ChatNotFound as exc:
         raise UserError(str(exc)) from exc
     return ChatSettings(
-        draft=draft, target=args.target, pair=args.pair, backend=args.backend, server=args.server,
+        draft=draft, target=target, target_problem=target_problem, pair=args.pair, backend=args.backend, server=args.server,
         token=read_token_file(args.token_file), ca_file=args.ca_file, offline=args.offline, k=args.k,
         params=params, seed=args.seed, system=args.system, max_tokens=args.max_tokens, context=args.context,
         draft_gpu_layers=args.draft_gpu_layers, resume=resume, chats_dir=store.root)
+
+
+def embedded_target(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """(the embedded service's target, None) or (None, why there is none).
+
+    A missing target is not an error here: the chat starts, and offers to go on offline
+    with the drafter alone when the service would start.
+    """
+    if args.server:
+        return None, None  # a remote service: its target is its own business
+    try:
+        return resolve_model(args.target, args.pair, "target"), None
+    except UserError as exc:
+        return None, str(exc)
 
 
 def run_chat(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from textual.message import Message
 from textual.message_pump import MessagePump
 
-from app.chat.engine import Connection, LiveStats, ReplyOutcome, StartupProblem
+from app.chat.state import Connection, LiveStats, ReplyOutcome, StartupProblem
 
 
 @dataclass

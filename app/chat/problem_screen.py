@@ -12,7 +12,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
-from app.chat.engine import StartupProblem
+from app.chat.state import StartupProblem
 
 TITLES = {
     "missing_model": "A model is missing",

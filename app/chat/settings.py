@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from remote_verify.protocol import SamplingParams
+from wire.protocol import SamplingParams
 
 
 @dataclass(frozen=True)
 class ChatSettings:
     draft: Path  # the draft model GGUF (resolved before the app starts: without it nothing runs)
-    target: str | None = None  # the embedded service's target; None: the pair's (checked at start)
+    target: str | None = None  # the embedded service's target file, resolved at launch; None: see target_problem
+    target_problem: str | None = None  # why there is no target (shown when the service would start)
     pair: str | None = None
     backend: str = "auto"  # the embedded service's backend
     server: str | None = None  # a remote service's URL; None: the embedded service

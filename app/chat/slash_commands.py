@@ -1,7 +1,8 @@
 """Slash commands: what exists, how each is written, and parsing their arguments.
 
-The chat screen carries them out; the command palette lists the same set. Parsing errors
-are ValueErrors whose message tells the user what to type instead.
+What each does is in app/chat/slash_handlers.py; the command palette lists the same set.
+Parsing errors are ValueErrors whose message tells the user what to type instead; `/k`
+reads its argument like the --k flag (app/generation_flags.parse_k).
 """
 
 from __future__ import annotations
@@ -45,19 +46,6 @@ def parse(text: str) -> tuple[SlashCommand, str]:
     if command is None:
         raise ValueError(f"unknown command /{name}: /help lists them")
     return command, argument.strip()
-
-
-def parse_k(argument: str) -> int | None:
-    """"auto" -> None; a count >= 0 -> that count."""
-    if argument.lower() == "auto":
-        return None
-    try:
-        k = int(argument)
-    except ValueError:
-        raise ValueError(f"/k takes a number of draft tokens or auto, got {argument!r}") from None
-    if k < 0:
-        raise ValueError(f"/k must be 0 or more, got {k}")
-    return k
 
 
 def parse_temperature(argument: str) -> float:

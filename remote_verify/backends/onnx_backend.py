@@ -23,7 +23,7 @@ import onnxruntime as ort
 
 from models.onnx_manifest import ManifestError, OnnxManifest
 from models.vocab import hf_token_texts
-from remote_verify.protocol import vocab_fingerprint
+from wire.protocol import vocab_fingerprint
 
 log = logging.getLogger(__name__)
 

@@ -111,9 +111,21 @@ def test_models_list_shows_every_pair_and_where_it_lives(tmp_path):
     assert "missing, 1,117 MB" in done.stdout and str(tmp_path / "cache") in done.stdout
 
 
-def test_the_client_side_never_imports_torch():
-    """`specwire generate` stays light: the CLI and the client modules load without torch."""
-    code = ("import sys, app.cli, app.commands, local_draft.speculator, local_draft.draft_model; "
-            "print('torch' in sys.modules, 'onnxruntime' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert done.stdout.split() == ["False", "False"], done.stderr
+def test_a_draft_length_beyond_the_services_limit_is_drafted_at_the_limit(tiny_dir):
+    """`serve --max-draft 4` against `generate --k 8` and `--k auto`: no error, no round over 4, same tokens."""
+    process = subprocess.Popen([SPECWIRE, "serve", "--target", str(tiny_dir / "target.gguf"), "--backend", "llamacpp",
+                                "--port", "0", "--max-draft", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("listening on ws://127.0.0.1:"), line + process.stderr.read()
+        url = line.split()[-1]
+        alone = _generate(tiny_dir, url, "draft.gguf", "--k", "0")
+        for k in ("8", "auto"):
+            capped = _generate(tiny_dir, url, "draft.gguf", "--k", k)
+            drafted = capped["stats"]["drafted_per_position"]
+            assert 0 < len(drafted) <= 4, (k, drafted)  # positions 1..4 drafted, never a 5th
+            assert capped["token_ids"] == alone["token_ids"]
+    finally:
+        process.kill()
+        process.wait()

@@ -12,7 +12,7 @@ import pytest
 
 from models.onnx_manifest import OnnxManifest
 from models.vocab import gguf_token_texts
-from remote_verify.protocol import vocab_fingerprint
+from wire.protocol import vocab_fingerprint
 
 SPECWIRE = str(Path(sys.executable).parent / "specwire")
 

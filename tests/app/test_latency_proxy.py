@@ -10,7 +10,7 @@ import pytest
 from app.latency_proxy import LatencyProxy
 from local_draft.speculator import Speculator
 from local_draft.verify_client import VerifyClient
-from remote_verify.protocol import SamplingParams, Verify
+from wire.protocol import SamplingParams, Verify
 from tests.conftest import hello_for
 
 RTT_MS = 40.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.cli import build_parser, main
-from remote_verify.limits import ServiceLimits
+from wire.limits import ServiceLimits
 
 
 def test_help_names_every_limit_with_its_default(capsys):

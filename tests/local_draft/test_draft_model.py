@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from remote_verify.protocol import SamplingParams, vocab_fingerprint
+from wire.protocol import SamplingParams, vocab_fingerprint
 
 TEXTS = ["hello world", "déjà vu — ünïcödé", "emoji 🎉🧪 and 中文", "\x00\x01 bytes\n\ttabs", "def f(self): return x"]
 

@@ -13,7 +13,7 @@ import pytest
 
 from local_draft.service_link import Backoff, ServiceLink
 from local_draft.speculator import Speculator
-from remote_verify.protocol import SamplingParams
+from wire.protocol import SamplingParams
 from tests.conftest import hello_for
 
 SPECWIRE = str(Path(sys.executable).parent / "specwire")

@@ -7,7 +7,7 @@ import pytest
 from app.latency_proxy import LatencyProxy
 from local_draft.speculator import Speculator
 from local_draft.verify_client import VerifyClient
-from remote_verify.protocol import SamplingParams
+from wire.protocol import SamplingParams
 from tests.conftest import hello_for
 
 PROMPTS = [

@@ -25,8 +25,8 @@ import pytest
 
 from local_draft.speculator import Speculator
 from local_draft.verify_client import VerifyClient
-from remote_verify.protocol import SamplingParams
-from remote_verify.sampling import warp
+from wire.protocol import SamplingParams
+from wire.sampling import warp
 from tests.conftest import hello_for
 from tests.statistics import ALPHA, SAMPLES, chi_square_pvalue
 

@@ -32,7 +32,7 @@ from local_draft.speculator import Speculator
 from local_draft.verify_client import VerifyClient
 from models.fetch import fetch_chunks
 from models.registry import QWEN_CODER, file_path
-from remote_verify.protocol import SamplingParams
+from wire.protocol import SamplingParams
 from app.bench.prompts import PROMPTS
 from tests.conftest import RunningService, hello_for
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from models.vocab import gguf_token_texts
 from remote_verify.backends.torch_backend import TorchTarget
-from remote_verify.protocol import vocab_fingerprint
+from wire.protocol import vocab_fingerprint
 
 
 def test_a_gguf_target_converts_once_and_matches_the_original(tiny, tmp_path, monkeypatch, caplog):

@@ -11,8 +11,9 @@ import pytest
 
 from models import onnx_export
 from models.onnx_export import ExportError, export_onnx
+from remote_verify.backends.onnx_check import logit_difference
 from models.onnx_manifest import MANIFEST_NAME, OnnxManifest
-from remote_verify.protocol import vocab_fingerprint
+from wire.protocol import vocab_fingerprint
 
 
 def test_the_export_holds_the_model_its_tokenizer_and_a_manifest(onnx_export_dir, torch_target):
@@ -59,21 +60,21 @@ def test_targets_that_cannot_be_exported_get_a_clear_error(tiny, onnx_export_dir
     """Missing, foreign, unsupported or incomplete targets are refused before any work, saying why."""
     out = tmp_path / "out"
     with pytest.raises(ExportError, match="no target at"):
-        export_onnx(tmp_path / "nothing-here", out)
+        export_onnx(tmp_path / "nothing-here", out, check=logit_difference)
     with pytest.raises(ExportError, match="is an ONNX export already"):
-        export_onnx(onnx_export_dir, out)
+        export_onnx(onnx_export_dir, out, check=logit_difference)
     not_gguf = tmp_path / "notes.gguf"
     not_gguf.write_text("not a model")
     with pytest.raises(ExportError, match="neither a Hugging Face folder nor a readable GGUF file"):
-        export_onnx(not_gguf, out)
+        export_onnx(not_gguf, out, check=logit_difference)
     with pytest.raises(ExportError, match=r"model type 'gpt2' cannot be exported.*qwen2, llama"):
-        export_onnx(_hf_folder(tmp_path / "a", tiny, model_type="gpt2"), out)
+        export_onnx(_hf_folder(tmp_path / "a", tiny, model_type="gpt2"), out, check=logit_difference)
     with pytest.raises(ExportError, match="sliding-window attention"):
-        export_onnx(_hf_folder(tmp_path / "b", tiny, use_sliding_window=True), out)
+        export_onnx(_hf_folder(tmp_path / "b", tiny, use_sliding_window=True), out, check=logit_difference)
     no_tokenizer = _hf_folder(tmp_path / "c", tiny)
     (no_tokenizer / "tokenizer.json").unlink()
     with pytest.raises(ExportError, match="no tokenizer.json"):
-        export_onnx(no_tokenizer, out)
+        export_onnx(no_tokenizer, out, check=logit_difference)
     assert not out.exists()  # nothing was written
 
 
@@ -83,12 +84,12 @@ def test_an_occupied_output_folder_or_a_full_disk_is_refused(tiny, tmp_path, mon
     occupied.mkdir()
     (occupied / "keep.txt").write_text("mine")
     with pytest.raises(ExportError, match="exists and is not an earlier ONNX export"):
-        export_onnx(tiny.target, occupied)
+        export_onnx(tiny.target, occupied, check=logit_difference)
     assert (occupied / "keep.txt").read_text() == "mine"
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(onnx_export.shutil, "disk_usage", lambda path: usage(10**12, 10**12 - 1000, 1000))
     with pytest.raises(ExportError, match=r"not enough disk space in .*: the export needs about"):
-        export_onnx(tiny.target, tmp_path / "out")
+        export_onnx(tiny.target, tmp_path / "out", check=logit_difference)
 
 
 def test_a_llama_target_exports_and_agrees_with_torch(tiny, tmp_path):
@@ -105,7 +106,7 @@ def test_a_llama_target_exports_and_agrees_with_torch(tiny, tmp_path):
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(tmp_path / "llama")
     shutil.copy(tiny.target / "tokenizer.json", tmp_path / "llama" / "tokenizer.json")
-    result = export_onnx(tmp_path / "llama", tmp_path / "llama-onnx")
+    result = export_onnx(tmp_path / "llama", tmp_path / "llama-onnx", check=logit_difference)
     assert result.manifest.architecture == "LlamaForCausalLM"
     exported, reference = OnnxTarget(result.out, device="cpu"), TorchTarget(tmp_path / "llama", device="cpu")
     tokens = [318, 5, 77, 140, 9, 260, 31]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from remote_verify.acceptance import accept_greedy, accept_sampled
-from remote_verify.protocol import SamplingParams, SparseDist
-from remote_verify.sampling import truncate, warp
+from wire.protocol import SamplingParams, SparseDist
+from wire.sampling import truncate, warp
 from tests.statistics import ALPHA, SAMPLES, chi_square_pvalue
 
 

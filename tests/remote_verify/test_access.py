@@ -13,7 +13,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from remote_verify.access import bearer_problem, exposure_problem, is_loopback
-from remote_verify.protocol import SUBPROTOCOL, Welcome, decode_server_message, encode
+from wire.protocol import SUBPROTOCOL, Welcome, decode_server_message, encode
 from tests.conftest import RunningService, hello_for
 
 SPECWIRE = str(Path(sys.executable).parent / "specwire")

@@ -17,7 +17,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from remote_verify.protocol import (
+from wire.protocol import (
     CLOSE_GOING_AWAY, SUBPROTOCOL, Verdict, Verify, Welcome, decode_server_message, encode,
 )
 from tests.conftest import RunningService, hello_for

@@ -33,7 +33,7 @@ from benchmarks.load import pin_to_one_cpu, rss_bytes
 from local_draft.draft_model import DraftModel
 from local_draft.speculator import Speculator
 from local_draft.verify_client import VerifyClient
-from remote_verify.protocol import (
+from wire.protocol import (
     CLOSE_PROTOCOL_ERROR, CLOSE_VOCAB_MISMATCH, SUBPROTOCOL, Error, SamplingParams, Synced, Verdict, Welcome,
     decode_server_message,
 )

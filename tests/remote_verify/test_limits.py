@@ -14,8 +14,9 @@ from websockets.sync.client import connect
 from local_draft.service_link import ServiceLink
 from local_draft.speculator import Speculator
 from local_draft.verify_client import ServiceBusy, VerifyClient
-from remote_verify.limits import ServiceLimits, TokenBucket
-from remote_verify.protocol import (
+from remote_verify.limits import TokenBucket
+from wire.limits import ServiceLimits
+from wire.protocol import (
     CLOSE_IDLE_TIMEOUT, SUBPROTOCOL, SamplingParams, Verdict, Verify, Welcome, decode_server_message, encode,
 )
 from remote_verify.session import SessionLimits

@@ -17,7 +17,7 @@ from websockets.sync.client import connect
 from local_draft.speculator import Speculator
 from local_draft.verify_client import ServiceBusy, VerifyClient, VerifyError
 from remote_verify.logs import JsonFormatter
-from remote_verify.protocol import SUBPROTOCOL, SamplingParams, Welcome, decode_server_message, encode
+from wire.protocol import SUBPROTOCOL, SamplingParams, Welcome, decode_server_message, encode
 from remote_verify.server import ServiceConfig, VerifyService
 from tests.conftest import RunningService, hello_for
 

@@ -9,7 +9,7 @@ import pytest
 from websockets.sync.client import connect
 
 from local_draft.verify_client import VerifyClient, VerifyError
-from remote_verify.protocol import (
+from wire.protocol import (
     SUBPROTOCOL, Error, Hello, Verdict, Verify, Welcome, decode_server_message, encode,
 )
 from tests.conftest import RunningService, hello_for

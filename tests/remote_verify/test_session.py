@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from remote_verify.protocol import SamplingParams, Sync, Verify
+from wire.protocol import SamplingParams, Sync, Verify
 from remote_verify.session import Session, SessionError, SessionLimits
 
 PROMPT = [318, 100, 101, 102, 103]
@@ -68,7 +68,7 @@ def test_refusals_leave_the_session_unchanged(target):
 
 def test_sampling_needs_a_valid_draft_distribution(target):
     """Sampled drafts without, or outside, their distribution are refused."""
-    from remote_verify.protocol import SparseDist
+    from wire.protocol import SparseDist
 
     session = _session(target, temperature=1.0)
     with pytest.raises(SessionError, match="one draft distribution per draft token"):

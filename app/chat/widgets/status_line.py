@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from app.chat.engine import Connection, LiveStats
+from app.chat.state import Connection, LiveStats
 
 
 class StatusLine(Static):

@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.text import Text
 
 from app.chat.chat_app import ChatApp
+from app.chat.launch import embedded_target
+from app.cli import build_parser
 from app.chat.problem_screen import ProblemScreen
 from app.chat.widgets.assistant_turn import AssistantTurn
 from app.chat.widgets.marked_text import MarkedText
@@ -155,7 +157,8 @@ async def test_a_service_that_cannot_be_used_is_explained_and_offline_is_offered
         expected = "cannot reach the verification service"
     elif problem == "missing_model":
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
-        settings = chat_settings(target=None)
+        target, why = embedded_target(build_parser().parse_args(["chat"]))  # as `specwire chat` resolves it
+        settings = chat_settings(target=target, target_problem=why)
         expected = "specwire models fetch"
     else:
         token_file = tmp_path / "token"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.chat.slash_commands import COMMANDS, help_text, is_command, parse, parse_k, parse_temperature
+from app.chat.slash_commands import COMMANDS, help_text, is_command, parse, parse_temperature
+from app.generation_flags import parse_k
 
 
 def test_commands_parse_with_their_arguments():

@@ -54,6 +54,13 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
             found.append(f"top_p must be in (0, 1], got {self.top_p}")
         return found
 
+    def checked(self) -> SamplingParams:
+        """These parameters, or a ValueError listing everything wrong with them."""
+        found = self.problems()
+        if found:
+            raise ValueError("; ".join(found))
+        return self
+
 
 class SparseDist(msgspec.Struct, array_like=True):
     """A draft distribution truncated to a few tokens: q(ids[i]) = probs[i], zero elsewhere."""

@@ -12,10 +12,10 @@ from local_draft.server_only import ServerOnlyGenerator
 from local_draft.service_link import ServiceLink
 from local_draft.speculator import Speculator
 from local_draft.verify_client import VerifyClient, VerifyError
-from remote_verify.protocol import (
+from wire.protocol import (
     SUBPROTOCOL, Error, Generate, Generated, SamplingParams, Verdict, Verify, Welcome, decode_server_message, encode,
 )
-from remote_verify.sampling import warp
+from wire.sampling import warp
 from tests.conftest import hello_for
 from tests.local_draft.test_fallback import FAST_BACKOFF, start_service, target_alone
 from tests.statistics import ALPHA, chi_square_pvalue

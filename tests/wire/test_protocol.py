@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from remote_verify.protocol import (
+from wire.protocol import (
     Hello, SamplingParams, SparseDist, Verdict, Verify, decode_client_message,
     decode_server_message, encode, vocab_fingerprint,
 )

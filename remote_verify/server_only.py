@@ -16,7 +16,7 @@ from typing import Awaitable, Callable
 
 from websockets.exceptions import ConnectionClosed
 
-from remote_verify.protocol import Cancel, Error, Generate, Generated, encode
+from wire.protocol import Cancel, Error, Generate, Generated, encode
 from remote_verify.scheduler import QueueClosed
 from remote_verify.session import Session, SessionError
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from remote_verify.protocol import SamplingParams, SparseDist
+from wire.protocol import SamplingParams, SparseDist
 
 
 def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

@@ -1,0 +1,113 @@
+"""What each slash command does (app/chat/slash_commands.py says what exists and parses it).
+
+Each handler is `async def name(argument)`: it changes the chat through the engine and
+tells the user through the screen. A ValueError's message is shown as an error and the
+command's text stays in the box to be fixed; a BusyError says the reply must end first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Protocol
+
+import msgspec
+
+from app.chat.engine import ChatEngine
+from app.chat.export import default_path, save_markdown
+from app.chat.settings import ChatSettings
+from app.chat.slash_commands import help_text, parse_temperature
+from app.chat.stats_table import stats_table
+from app.generation_flags import parse_k
+
+
+class ChatView(Protocol):
+    """What the handlers need of the chat screen."""
+
+    engine: ChatEngine
+    settings: ChatSettings
+    app: object
+
+    def add_notice(self, text: str, kind: str = "info") -> None: ...
+    def show_status(self) -> None: ...
+    def chat_title(self) -> str: ...
+    def refuse_while_busy(self) -> None: ...
+    def run_slow(self, call: Callable[[], None], doing: str, done: str) -> None: ...
+    def start_connecting(self) -> None: ...
+    async def clear_transcript(self) -> None: ...
+    async def action_toggle_marks(self) -> None: ...
+
+
+class SlashHandlers:
+    def __init__(self, screen: ChatView):
+        self.screen = screen
+        self.engine = screen.engine
+
+    async def help(self, argument: str) -> None:
+        self.screen.add_notice(help_text())
+
+    async def offline(self, argument: str) -> None:
+        if self.engine.link is None:
+            raise ValueError("already offline: /online verifies again")
+        self.screen.run_slow(self.engine.go_offline, "going offline", "offline: the draft model alone, tokens unverified")
+
+    async def online(self, argument: str) -> None:
+        if self.engine.link is not None:
+            raise ValueError(f"already online ({self.engine.connection.detail})")
+        self.screen.refuse_while_busy()
+        self.screen.start_connecting()
+
+    async def k(self, argument: str) -> None:
+        self.screen.refuse_while_busy()
+        self.engine.set_k(parse_k(argument))
+        k = self.engine.k
+        self.screen.add_notice("k = auto: the draft length is chosen each round" if k is None else
+                               "k = 0: the service writes every token (remote mode)" if k == 0 else
+                               f"k = {k} draft tokens per round")
+        self.screen.show_status()
+
+    async def temperature(self, argument: str) -> None:
+        self.screen.refuse_while_busy()
+        params = msgspec.structs.replace(self.engine.params, temperature=parse_temperature(argument)).checked()
+        self.screen.run_slow(lambda: self.engine.set_params(params), "new sampling settings",
+                             f"temperature = {params.temperature:g}" + (" (greedy)" if params.greedy else ""))
+
+    async def system(self, argument: str) -> None:
+        if not argument:
+            current = self.engine.conversation.system
+            self.screen.add_notice(f"system prompt: {current}" if current else
+                                   "no system prompt of yours: the chat template's default applies")
+            return
+        self.screen.refuse_while_busy()
+        text = "" if argument == "-" else argument
+        self.engine.set_system(text)
+        self.screen.add_notice("system prompt removed" if not text else f"system prompt set: {text}")
+
+    async def marks(self, argument: str) -> None:
+        await self.screen.action_toggle_marks()
+
+    async def stats(self, argument: str) -> None:
+        if not self.engine.conversation.turns:
+            raise ValueError("no turns yet: statistics come with the first reply")
+        self.screen.add_notice(stats_table(self.engine.conversation, self.screen.settings.steady_display))
+
+    async def save(self, argument: str) -> None:
+        conversation = self.engine.conversation
+        if not conversation.turns:
+            raise ValueError("nothing to save yet")
+        try:
+            path = save_markdown(conversation, self.screen.chat_title().removeprefix("specwire · "),
+                                 Path(argument) if argument else default_path(conversation))
+        except OSError as exc:
+            raise ValueError(f"cannot write {argument or default_path(conversation)}: {exc.strerror or exc}") from exc
+        self.screen.add_notice(f"saved as {path}")
+
+    async def clear(self, argument: str) -> None:
+        self.screen.refuse_while_busy()
+        previous = self.engine.conversation.chat_id
+        self.engine.new_chat()
+        await self.screen.clear_transcript()
+        self.screen.add_notice("a new chat" + (f"; the previous one is saved: specwire chat --resume {previous}"
+                                               if previous else ""))
+
+    async def quit(self, argument: str) -> None:
+        self.screen.app.exit()

@@ -1,0 +1,114 @@
+"""`specwire generate`: continue one prompt (hybrid, server-only or offline) and report statistics."""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import json
+import os
+import sys
+
+from app.generation_flags import add_k_argument, add_sampling_arguments, sampling_params
+from app.model_paths import resolve_model
+from app.token_file import read_token_file
+from app.user_error import UserError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    env = os.environ.get
+    gen = sub.add_parser("generate", help="generate a continuation of one prompt")
+    gen.add_argument("--draft", help="draft model GGUF file (default: the draft of --pair)")
+    gen.add_argument("--pair", default=env("SPECWIRE_PAIR"), help="model pair (default: the default pair)")
+    where = gen.add_mutually_exclusive_group()
+    where.add_argument("--server", default=env("SPECWIRE_SERVER", "ws://127.0.0.1:8765"),
+                       help="ws://HOST:PORT of a verification service (default: %(default)s)")
+    where.add_argument("--offline", action="store_true", help="draft model alone, no verification "
+                       "(the same as --mode offline)")
+    gen.add_argument("--mode", choices=["hybrid", "server", "offline"], default="hybrid",
+                     help="hybrid: draft here, verify there (default); server: the service generates alone "
+                          "and streams (no draft model runs); offline: the draft model alone")
+    gen.add_argument("--token-file", default=env("SPECWIRE_TOKEN_FILE"))
+    gen.add_argument("--ca-file", default=env("SPECWIRE_CA_FILE"),
+                     help="CA certificates to trust for a wss:// service (default: the system's)")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--max-tokens", type=int, default=128)
+    add_sampling_arguments(gen)
+    add_k_argument(gen)
+    gen.add_argument("--no-pipeline", dest="pipeline", action="store_false",
+                     help="do not draft the next block while a verdict is in flight")
+    gen.add_argument("--draft-gpu-layers", type=int, default=-1,
+                     help="layers of the draft model on the GPU (-1: all, 0: none)")
+    gen.add_argument("--json", action="store_true", help="print one JSON object with text, token ids and stats")
+    gen.set_defaults(run=run_generate)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from local_draft.draft_model import DraftModel, DraftModelError
+    from local_draft.server_only import ServerOnlyGenerator
+    from local_draft.service_link import LinkState, ServiceLink
+    from local_draft.speculator import Speculator
+    from local_draft.verify_client import ServiceUnreachable, VerifyError
+
+    params = sampling_params(args)
+    mode = "offline" if args.offline else args.mode
+    try:  # server mode runs no draft model: its vocabulary is enough to tokenize
+        draft = DraftModel(resolve_model(args.draft, args.pair, "draft"), gpu_layers=args.draft_gpu_layers,
+                           vocab_only=mode == "server")
+    except DraftModelError as exc:
+        raise UserError(str(exc)) from exc
+
+    def report_link(state: LinkState) -> None:
+        print(f"[{state.detail}]", file=sys.stderr, flush=True)
+
+    link = None
+    if mode != "offline":
+        try:
+            link = ServiceLink(args.server, draft.hello(params, seed=args.seed, client="specwire generate"),
+                               token=read_token_file(args.token_file), ca_file=args.ca_file, on_state=report_link)
+        except (ServiceUnreachable, VerifyError) as exc:
+            raise UserError(f"{exc} (or run with --offline)") from exc
+
+    prompt = draft.tokenize(args.prompt)
+    if mode == "server":
+        generator = ServerOnlyGenerator(link, draft.end_ids)
+    else:
+        generator = Speculator(draft, link, params, k=args.k, seed=args.seed, pipeline=args.pipeline)
+    provenance_runs: list[list] = []  # [provenance, count] runs: which tokens were verified
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def stream(tokens: list[int], provenance: list[str]) -> None:
+        for mark in provenance:
+            if provenance_runs and provenance_runs[-1][0] == mark:
+                provenance_runs[-1][1] += 1
+            else:
+                provenance_runs.append([mark, 1])
+        if not args.json:
+            sys.stdout.write(decoder.decode(b"".join(draft.token_bytes(t) for t in tokens)))
+            sys.stdout.flush()
+
+    try:
+        result = generator.generate(prompt, args.max_tokens, on_commit=stream)
+    except (ServiceUnreachable, VerifyError) as exc:
+        raise UserError(str(exc)) from exc
+    finally:
+        if link is not None:
+            link.close()
+
+    text = b"".join(draft.token_bytes(t) for t in result.token_ids).decode("utf-8", errors="replace")
+    stats = result.stats
+    if args.json:
+        print(json.dumps({
+            "text": text, "token_ids": result.token_ids, "prompt_tokens": len(prompt),
+            "stop_reason": result.stop_reason, "mode": mode,
+            "k": "auto" if args.k is None else args.k, "provenance": provenance_runs, "stats": stats.as_dict(),
+        }))
+    else:
+        sys.stdout.write(decoder.decode(b"", final=True) + "\n")
+        print(f"[stopped at {result.stop_reason}: {stats.generated} tokens in {stats.wall_s:.2f} s, "
+              f"{stats.rounds} rounds, {stats.verified_rounds} target passes, acceptance {stats.acceptance_rate:.2f}, "
+              f"{stats.tokens_per_round:.2f} tokens/round, {stats.tokens_per_s:.1f} tokens/s"
+              + (f", {stats.offline} unverified (offline)" if stats.offline else "") + "]", file=sys.stderr)
+        print(f"[time: draft {stats.draft_s:.2f} s (+{stats.ahead_s:.2f} s drafted ahead), wire {stats.wire_s:.2f} s, "
+              f"service {stats.service_s:.2f} s (queue {stats.queue_s:.2f}, forward {stats.forward_s:.2f})]",
+              file=sys.stderr)
+    return 0
