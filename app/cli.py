@@ -17,7 +17,9 @@ from app.user_error import UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specwire", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="specwire", description="Lossless speculative decoding: a draft model here, the target model's "
+                                     "verification service there, and the target's output exactly.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in (models_command, serve_command, demo, generate_command, proxy_command, bench_command,
