@@ -30,9 +30,6 @@ from wire.protocol import SamplingParams
 
 log = logging.getLogger(__name__)
 
-# Named here too: tests and the screen import them from the engine's module.
-__all__ = ["BusyError", "ChatEngine", "Connection", "LiveStats", "ReplyOutcome", "StartupProblem"]
-
 
 class ChatEngine:
     def __init__(self, settings: ChatSettings, listener: EngineListener | None = None):
