@@ -32,6 +32,13 @@ class ServerOnlyGenerator:
         self._client: VerifyClient | None = None  # the connection _service_history refers to
         self._service_history: list[int] = []  # what the service holds, as far as we know
         self._seq = 0
+        self._seed: int | None = None  # set by reseed: the service's key to send in a Sync
+        self._keyed: VerifyClient | None = None  # the connection that has been sent self._seed
+
+    def reseed(self, seed: int) -> None:
+        """Key the service's draws by `seed` from the next generation on, as a new session with
+        that seed would: for many independent seeded generations on one connection."""
+        self._seed, self._keyed = seed, None
 
     def generate(self, context: Sequence[int], max_tokens: int, on_commit: OnCommit | None = None,
                  should_stop: ShouldStop | None = None) -> Generation:
@@ -83,7 +90,8 @@ class ServerOnlyGenerator:
     def _start(self, client: VerifyClient, history: list[int], max_tokens: int) -> Generated:
         """Send Generate (after a Sync if the service's copy may differ); returns the first frame."""
         for attempt in range(2):
-            if attempt or self._service_history != history[: len(self._service_history)]:
+            rekey = self._seed is not None and self._keyed is not client
+            if attempt or rekey or self._service_history != history[: len(self._service_history)]:
                 self._sync(client, history)
             self._seq += 1
             known = len(self._service_history)
@@ -99,7 +107,8 @@ class ServerOnlyGenerator:
 
     def _sync(self, client: VerifyClient, history: list[int]) -> None:
         self._seq += 1
-        client.sync(Sync(seq=self._seq, tokens=list(history)))
+        client.sync(Sync(seq=self._seq, tokens=list(history), seed=self._seed))
+        self._keyed = client
         self._service_history = list(history)
         self.stats.syncs += 1
         self.stats.round_trips += 1

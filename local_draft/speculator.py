@@ -14,6 +14,10 @@ the committed text is the same as without drafting ahead.
 When the service is lost mid-reply the loop goes on offline, one draft token a round,
 while the ServiceLink reconnects; the first round on a new connection rebuilds the
 service's copy from the client's history, and verification resumes.
+
+The drafter samples from its own stream of the seed (wire/randomness.py), never from the
+numbers the service decides with; the service's are keyed by the Hello's seed, or by the
+seed of the latest `reseed`, which the loop sends (in a Sync) to every new connection.
 """
 
 from __future__ import annotations
@@ -22,14 +26,13 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-import numpy as np
-
 from local_draft.adaptive_k import AdaptiveK, RoundTiming
 from local_draft.draft_model import DraftModel, DraftModelError
 from local_draft.generation_stats import Generation, GenerationStats
 from local_draft.service_link import ServiceLink
 from local_draft.verify_client import ServiceUnreachable, VerifyClient, VerifyError
 from wire.protocol import SamplingParams, SparseDist, Sync, Verdict, Verify
+from wire.randomness import draft_generator
 
 __all__ = ["Generation", "GenerationStats", "Speculator"]
 
@@ -72,7 +75,9 @@ class Speculator:
         self.pipeline = pipeline
         self.controller = AdaptiveK(max_k=max_k, pipelined=pipeline)  # learns even when k is fixed
         self.stats = GenerationStats()  # the generation in progress (or the last one), live
-        self.rng = np.random.default_rng(seed)
+        self.rng = draft_generator(seed)
+        self._seed: int | None = None  # set by reseed: the service's key to send in a Sync
+        self._keyed: VerifyClient | None = None  # the connection that has been sent self._seed
         self._client: VerifyClient | None = None  # the connection _service_history refers to
         self._service_history: list[int] = []  # what the service holds, as far as we know
         self._seq = 0
@@ -99,6 +104,12 @@ class Speculator:
         if self.k is None:
             return self.controller.choose(remaining, limit)
         return max(0, min(self.k, limit, remaining - 1))  # the service adds one token of its own
+
+    def reseed(self, seed: int) -> None:
+        """Start both random streams afresh from `seed`, as a new Speculator and session would:
+        for many independent seeded generations on one connection."""
+        self.rng = draft_generator(seed)
+        self._seed, self._keyed = seed, None
 
     # ---- generating -------------------------------------------------------------------
 
@@ -248,7 +259,7 @@ class Speculator:
     def _request(self, history: list[int], draft: list[int], dists: list[SparseDist]) -> Verify:
         """The Verify for this round, after a Sync if the service's copy may differ from ours."""
         known = self._service_history
-        if known != history[: len(known)]:
+        if known != history[: len(known)] or (self._seed is not None and self._keyed is not self._client):
             self._sync(history)
             known = self._service_history
         self._seq += 1
@@ -269,7 +280,8 @@ class Speculator:
 
     def _sync(self, history: list[int]) -> None:
         self._seq += 1
-        self._client.sync(Sync(seq=self._seq, tokens=list(history)))
+        self._client.sync(Sync(seq=self._seq, tokens=list(history), seed=self._seed))
+        self._keyed = self._client
         self._service_history = list(history)
         self.stats.syncs += 1
         self.stats.round_trips += 1

@@ -3,15 +3,22 @@
 Pure functions over arrays; no sockets, no models. Greedy is argmax matching. Sampling is
 speculative rejection sampling (Leviathan et al. 2023, Chen et al. 2023), which leaves
 the output distributed exactly as the target's.
+
+Sampling takes its randomness from `draw(i, what)`: a generator for decision `what` about
+block position i. The session maps i to the absolute position (wire/randomness.py), so
+every draw is a function of what it decides, independent of the drafter's draws.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from wire.protocol import SparseDist
+from wire.randomness import Decision
+
+Draw = Callable[[int, Decision], np.random.Generator]  # (block position, what) -> its generator
 
 
 def accept_greedy(target_argmax: Sequence[int], draft: Sequence[int]) -> tuple[int, int]:
@@ -30,24 +37,25 @@ def accept_sampled(
     target_probs: np.ndarray,  # (k+1, V) warped target distributions p_0 .. p_k
     draft: Sequence[int],  # (k,) tokens sampled from the draft distributions
     draft_dists: Sequence[SparseDist],  # (k,) the draft distributions q_0 .. q_{k-1}
-    rng: np.random.Generator,
+    draw: Draw,
 ) -> tuple[int, int]:
     """Speculative rejection sampling over one block; returns (accepted, token)."""
     for i, token in enumerate(draft):
         p = target_probs[i]
         q = _dense(draft_dists[i], p.shape[0])
         # accept x ~ q with probability min(1, p(x) / q(x))
-        if rng.random() * q[token] < p[token]:
+        if draw(i, Decision.ACCEPT).random() * q[token] < p[token]:
             continue
         # rejected: resample from the residual norm(max(0, p - q))
         residual = np.maximum(p - q, 0.0)
         total = residual.sum()
         if total <= 0.0:  # p == q up to rounding: the residual is empty, fall back to p
             residual, total = p, p.sum()
-        return i, int(rng.choice(residual.shape[0], p=residual / total))
+        return i, int(draw(i, Decision.TOKEN).choice(residual.shape[0], p=residual / total))
     # all accepted: the bonus token comes from the target's next distribution
-    bonus = target_probs[len(draft)]
-    return len(draft), int(rng.choice(bonus.shape[0], p=bonus / bonus.sum()))
+    k = len(draft)
+    bonus = target_probs[k]
+    return k, int(draw(k, Decision.TOKEN).choice(bonus.shape[0], p=bonus / bonus.sum()))
 
 
 def _dense(dist: SparseDist, vocab_size: int) -> np.ndarray:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import msgspec
 
 from wire.protocol import ClientMessage, Hello, decode_client_message
+from wire.randomness import seed_problem
 
 CLIENT_TYPES = ("hello", "verify", "sync", "generate", "cancel")
-MAX_SEED = 2**64 - 1  # the service's generator takes a 64-bit unsigned seed
 
 
 class BadFrame(Exception):
@@ -55,6 +55,7 @@ def _message_type(frame: bytes) -> object | None:
 def hello_problems(hello: Hello) -> list[str]:
     """What is wrong with a Hello's own values (the vocabulary is compared by the service)."""
     found = hello.sampling.problems()
-    if hello.seed is not None and not 0 <= hello.seed <= MAX_SEED:
-        found.append(f"seed must be between 0 and 2**64 - 1, got {hello.seed}")
+    problem = seed_problem(hello.seed)
+    if problem:
+        found.append(problem)
     return found

@@ -20,6 +20,7 @@ from remote_verify.acceptance import accept_greedy, accept_sampled
 from remote_verify.backends import TargetBackend
 from remote_verify.memory import give_back_free_memory
 from wire.protocol import Generate, SamplingParams, SparseDist, Sync, Synced, Verdict, Verify
+from wire.randomness import Decision, DecisionRandomness, seed_problem
 from wire.sampling import warp
 
 
@@ -46,7 +47,8 @@ class Session:
         self.backend = backend
         self.sampling = sampling
         self.limits = limits
-        self.rng = np.random.default_rng(seed)  # seeded per session: seeded runs reproduce
+        # Draws keyed by (seed, position): a rebuilt session repeats them, a later position never does.
+        self.randomness = DecisionRandomness(seed)
         self.committed: list[int] = []
         self.cache = backend.new_cache()
         self.cached_len = 0  # positions in the cache
@@ -77,7 +79,9 @@ class Session:
             accepted, token = accept_greedy(logits.argmax(axis=-1).tolist(), request.draft)
         else:
             target_probs = np.stack([warp(row, self.sampling) for row in logits])  # (k+1, V)
-            accepted, token = accept_sampled(target_probs, request.draft, draft_dists, self.rng)
+            start = history  # the absolute position of draft[0]
+            accepted, token = accept_sampled(target_probs, request.draft, draft_dists,
+                                             lambda i, what: self.randomness.at(start + i, what))
         decided = time.perf_counter()
 
         self.committed += list(request.append) + list(request.draft[:accepted]) + [token]
@@ -114,14 +118,18 @@ class Session:
             token = int(logits.argmax())
         else:
             probs = warp(logits, self.sampling)
-            token = int(self.rng.choice(probs.shape[0], p=probs))
+            draw = self.randomness.at(len(self.committed), Decision.TOKEN)
+            token = int(draw.choice(probs.shape[0], p=probs))
         self.committed.append(token)
         self.cached_len = len(self.committed) - 1
         return token, started, time.perf_counter() - started
 
     def sync(self, request: Sync) -> Synced:
-        """Adopt the client's history; keep the cached prefix it shares with the old one."""
+        """Adopt the client's history (and its new seed, if it sends one); keep the cached prefix
+        it shares with the old history."""
         self._check_tokens(request.tokens, "tokens")
+        if seed_problem(request.seed):
+            raise SessionError("bad_seed", seed_problem(request.seed))
         if len(request.tokens) + 1 > self.limits.max_context:
             raise SessionError("context_full", f"history of {len(request.tokens)} tokens exceeds the context limit")
         common = 0
@@ -133,6 +141,8 @@ class Session:
         self.cached_len = common
         self.committed = list(request.tokens)
         self.last_seq = request.seq  # a Sync starts a new run of sequence numbers
+        if request.seed is not None:
+            self.randomness = DecisionRandomness(request.seed)
         return Synced(seq=request.seq, committed_len=len(self.committed))
 
     def close(self) -> None:

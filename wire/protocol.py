@@ -29,10 +29,19 @@ CLOSE_IDLE_TIMEOUT = 4408  # the session sent nothing for too long; reconnect an
 CLOSE_GOING_AWAY = 1001  # the service is shutting down; reconnect (any replica will do)
 
 
+# The lowest temperature that samples. Below it, logits / temperature leave float64's range
+# for real logits (1e-310 gives inf, then NaN probabilities), and well before that the
+# distribution is the argmax: at 1e-3 a runner-up 0.02 logits behind keeps e**-20 of the
+# mass. So (0, MIN_TEMPERATURE) is refused with a pointer to 0 (greedy), not rounded to it.
+MIN_TEMPERATURE = 1e-3
+MAX_TEMPERATURE = 100.0
+
+
 class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     """How tokens are chosen; one frozen object passed everywhere.
 
-    temperature 0 means greedy (argmax). top_k 0 and top_p 1.0 mean "no truncation".
+    temperature 0 means greedy (argmax); a sampling temperature is at least MIN_TEMPERATURE.
+    top_k 0 and top_p 1.0 mean "no truncation".
     """
 
     temperature: float = 0.0
@@ -46,8 +55,11 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     def problems(self) -> list[str]:
         """Everything wrong with these parameters, as sentences a user can act on."""
         found = []
-        if not (self.temperature >= 0.0) or self.temperature > 100.0:
-            found.append(f"temperature must be between 0 and 100, got {self.temperature}")
+        if not (self.temperature >= 0.0) or self.temperature > MAX_TEMPERATURE:
+            found.append(f"temperature must be between 0 and {MAX_TEMPERATURE:g}, got {self.temperature}")
+        elif 0.0 < self.temperature < MIN_TEMPERATURE:
+            found.append(f"temperature {self.temperature:g} is below the lowest sampling temperature, "
+                         f"{MIN_TEMPERATURE:g}: use 0 for greedy decoding")
         if self.top_k < 0:
             found.append(f"top_k must be 0 (off) or a positive count, got {self.top_k}")
         if not (0.0 < self.top_p <= 1.0):
@@ -80,7 +92,7 @@ class Hello(msgspec.Struct, tag="hello"):
     bos_id: int
     eos_id: int
     sampling: SamplingParams = SamplingParams()
-    seed: int | None = None  # seeds the service's generator for this session
+    seed: int | None = None  # keys the service's decisions (wire/randomness.py); None: its own fresh seed
     client: str = ""
 
 
@@ -101,10 +113,16 @@ class Verify(msgspec.Struct, tag="verify"):
 
 
 class Sync(msgspec.Struct, tag="sync"):
-    """Replace the service's committed history with the client's (after an error or reconnect)."""
+    """Replace the service's committed history with the client's (after an error or reconnect).
+
+    `seed`, when set, re-keys the session's random decisions from here on, as a Hello with
+    that seed would (wire/randomness.py): a client running many independent generations on
+    one session (a benchmark, a test of the output distribution) gives each its own seed.
+    """
 
     seq: int
     tokens: list[int]
+    seed: int | None = None
 
 
 class Generate(msgspec.Struct, tag="generate"):

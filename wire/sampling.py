@@ -20,12 +20,17 @@ def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     assert params.temperature > 0.0, "warp() is for sampling; greedy uses argmax"
     scaled = logits.astype(np.float64) / params.temperature
     vocab = scaled.shape[-1]
+    # Ties are broken by token id, lowest first, at every cut (top-k and top-p), so that the
+    # kept set is a function of the logits alone and both ends keep the same one. (argpartition
+    # alone would pick among tied logits in whatever order its selection left them.)
     if 0 < params.top_k < vocab:
-        # Keep the k largest; order among equal logits at the cut follows token id.
-        kept = np.argpartition(-scaled, params.top_k - 1)[: params.top_k]
+        cut = np.partition(scaled, vocab - params.top_k)[vocab - params.top_k]  # the k-th largest
+        above = np.flatnonzero(scaled > cut)  # ascending ids
+        at_cut = np.flatnonzero(scaled == cut)[: params.top_k - above.size]  # the lowest ids among ties
+        kept = np.concatenate([above, at_cut])
     else:
         kept = np.arange(vocab)
-    kept = kept[np.argsort(-scaled[kept], kind="stable")]  # descending
+    kept = kept[np.argsort(-scaled[kept], kind="stable")]  # descending; equal logits in ascending id
     kept_logits = scaled[kept]
     kept_probs = np.exp(kept_logits - kept_logits[0])
     kept_probs /= kept_probs.sum()

@@ -79,12 +79,13 @@ def test_speculative_samples_follow_the_target_distribution(request, service_on,
     cells = {tokens: i for i, tokens in enumerate(joint)}  # one more cell: outside the support
     exact = np.append(np.array(list(joint.values())), 0.0)
     client = VerifyClient(service.url, hello_for(draft, params, seed=1234))
-    speculator = Speculator(draft, client, params, k=k, seed=99, pipeline=pipeline)
+    speculator = Speculator(draft, client, params, k=k, seed=1234, pipeline=pipeline)
     counts = np.zeros_like(exact, dtype=np.int64)
     accepted = drafted = ahead_used = 0
     # one more token than tested, so that a round drafted ahead decides the last tested one
     max_tokens = n_tokens + 1 if pipeline else k + 1
-    for _ in range(SAMPLES):
+    for seed in range(SAMPLES):
+        speculator.reseed(seed)  # a seed decides a generation: each sample gets its own
         result = speculator.generate(prompt, max_tokens)
         counts[cells.get(tuple(result.token_ids[:n_tokens]), len(joint))] += 1
         accepted += result.stats.accepted

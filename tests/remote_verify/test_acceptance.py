@@ -54,7 +54,7 @@ def _first_two(p: np.ndarray, q: np.ndarray, n: int, seed: int, bias: float = 0.
         if bias:  # a deliberately wrong acceptance rule, to show the test can fail
             target = target.copy()
             target[0] = target[0] + bias * ((np.arange(vocab) == x0) & (p[0] > 0))
-        accepted, token = accept_sampled(target, [x0, x1], [dist0, dist1], rng)
+        accepted, token = accept_sampled(target, [x0, x1], [dist0, dist1], lambda i, what: rng)
         first = [x0, x1][:accepted] + [token]
         if len(first) < 2:  # rejected at position 0: the next token comes from p(. | first)
             first.append(int(rng.choice(vocab, p=p[1 + first[0] % 2])))

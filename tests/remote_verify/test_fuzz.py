@@ -63,7 +63,8 @@ verify_dicts = st.fixed_dictionaries(
     {"type": st.just("verify"), "seq": ints, "committed_len": ints},
     optional={"append": st.lists(tokens, max_size=24), "draft": st.lists(tokens, max_size=10),
               "draft_dists": dists})
-sync_dicts = st.fixed_dictionaries({"type": st.just("sync"), "seq": ints, "tokens": st.lists(tokens, max_size=48)})
+sync_dicts = st.fixed_dictionaries({"type": st.just("sync"), "seq": ints, "tokens": st.lists(tokens, max_size=48)},
+                                   optional={"seed": st.one_of(st.none(), ints)})
 sampling_dicts = st.fixed_dictionaries({}, optional={"temperature": floats, "top_k": ints, "top_p": floats})
 wrong_types = st.fixed_dictionaries(
     {"type": st.sampled_from(["verify", "sync", "hello"])},

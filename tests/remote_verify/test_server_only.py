@@ -87,7 +87,8 @@ def test_sampled_server_only_tokens_follow_the_target_distribution(service_on, c
     client = VerifyClient(service.url, hello_for(close_draft, params, seed=7))
     streamed = ServerOnlyGenerator(client, close_draft.end_ids)
     counts = np.zeros_like(exact, dtype=np.int64)
-    for _ in range(STREAM_SAMPLES):
+    for seed in range(STREAM_SAMPLES):
+        streamed.reseed(seed)  # a seed decides the token: each sample gets its own
         counts[streamed.generate(prompt, 1).token_ids[0]] += 1
     client.close()
     assert chi_square_pvalue(counts, exact) > ALPHA

@@ -91,3 +91,64 @@ def test_sync_keeps_the_shared_prefix(target):
     assert session.cached_len == 3
     verdict = session.verify(Verify(seq=10, committed_len=5, draft=[]))
     assert verdict.token == int(_fresh_logits(target, new_history).argmax())
+
+
+def _sampled_rounds(session: Session, history: list[int], blocks: list[list[int]], seq: int = 1) -> list[tuple]:
+    """Verify each block (every draft token given all the mass: always drafted "from" a point
+    mass, so acceptance is p(x)) after `history`; returns (accepted, token) per round."""
+    from wire.protocol import SparseDist
+
+    verdicts, committed = [], len(session.committed)
+    append = history[committed:]
+    for block in blocks:
+        verdict = session.verify(Verify(seq=seq, committed_len=committed, append=append, draft=block,
+                                        draft_dists=[SparseDist(ids=[t], probs=[1.0]) for t in block]))
+        verdicts.append((verdict.accepted, verdict.token))
+        seq, committed, append = seq + 1, verdict.committed_len, []
+    return verdicts
+
+
+def test_a_rebuilt_session_draws_what_the_first_one_drew(torch_target):
+    """Same seed, same history: a new session (a reconnect, another replica) decides the same, and
+    a session that saw other text first and was synced back decides the same too."""
+    blocks = [[100, 101, 102], [5, 6], [], [7, 8, 9, 10]]
+    limits = SessionLimits(max_draft=8, max_context=256)
+    first = Session(torch_target, SamplingParams(temperature=1.0), seed=11, limits=limits)
+    decided = _sampled_rounds(first, PROMPT, blocks)
+    rebuilt = Session(torch_target, SamplingParams(temperature=1.0), seed=11, limits=limits)
+    assert _sampled_rounds(rebuilt, PROMPT, blocks) == decided
+    detoured = Session(torch_target, SamplingParams(temperature=1.0), seed=11, limits=limits)
+    _sampled_rounds(detoured, PROMPT + [40, 41, 42], blocks)  # other positions, other draws
+    detoured.sync(Sync(seq=20, tokens=PROMPT))
+    assert _sampled_rounds(detoured, PROMPT, blocks, seq=21) == decided
+    rekeyed = Session(torch_target, SamplingParams(temperature=1.0), seed=12, limits=limits)
+    rekeyed.sync(Sync(seq=1, tokens=PROMPT, seed=11))  # a Sync's seed re-keys like a Hello's
+    assert _sampled_rounds(rekeyed, PROMPT, blocks, seq=2) == decided
+    others = [_sampled_rounds(Session(torch_target, SamplingParams(temperature=1.0), seed=s, limits=limits),
+                              PROMPT, blocks) for s in range(5)]
+    assert any(other != decided for other in others)
+
+
+def test_a_server_only_token_is_keyed_by_its_position(torch_target):
+    """generate_step draws the token at position n from (seed, n): a rebuilt session repeats it."""
+    from wire.protocol import Generate
+
+    def stream(seed: int) -> list[int]:
+        session = Session(torch_target, SamplingParams(temperature=1.0), seed=seed,
+                          limits=SessionLimits(max_draft=8, max_context=256))
+        session.start_generation(Generate(seq=1, committed_len=0, append=PROMPT))
+        return [session.generate_step()[0] for _ in range(12)]
+
+    assert stream(3) == stream(3)
+    assert len({tuple(stream(s)) for s in range(4)}) > 1
+
+
+def test_a_sync_with_a_seed_outside_64_bits_is_refused_unchanged(torch_target):
+    """Sync(seed=-1) is a bad_seed error and leaves history and randomness as they were."""
+    session = _session(torch_target, temperature=1.0)
+    session.verify(Verify(seq=1, committed_len=0, append=PROMPT, draft=[]))
+    before = (list(session.committed), session.randomness.seed, session.last_seq)
+    with pytest.raises(SessionError) as error:
+        session.sync(Sync(seq=2, tokens=PROMPT, seed=-1))
+    assert error.value.code == "bad_seed"
+    assert (session.committed, session.randomness.seed, session.last_seq) == before

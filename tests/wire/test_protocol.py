@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import msgspec
+import numpy as np
 import pytest
 
 from wire.protocol import (
-    Hello, SamplingParams, SparseDist, Verdict, Verify, decode_client_message,
+    MIN_TEMPERATURE, Hello, SamplingParams, SparseDist, Sync, Verdict, Verify, decode_client_message,
     decode_server_message, encode, vocab_fingerprint,
 )
 
@@ -44,3 +45,29 @@ def test_sampling_parameter_problems_are_named():
     assert SamplingParams(temperature=0.8, top_k=40, top_p=0.95).problems() == []
     problems = SamplingParams(temperature=-1, top_k=-2, top_p=0).problems()
     assert len(problems) == 3 and "temperature" in problems[0]
+
+
+@pytest.mark.parametrize("temperature", [1e-310, 5e-324, 1e-4, 0.000999])
+def test_a_temperature_below_the_sampling_floor_is_refused_with_a_pointer_to_greedy(temperature):
+    """A positive temperature under MIN_TEMPERATURE (a subnormal one included) is refused, naming 0 for greedy."""
+    problems = SamplingParams(temperature=temperature).problems()
+    assert len(problems) == 1 and "use 0 for greedy" in problems[0] and str(MIN_TEMPERATURE) in problems[0]
+    with pytest.raises(ValueError):
+        SamplingParams(temperature=temperature).checked()
+
+
+def test_the_sampling_floor_and_greedy_are_accepted():
+    """0 (greedy) and MIN_TEMPERATURE itself pass, and sample finite probabilities at the floor."""
+    from wire.sampling import warp
+
+    assert SamplingParams(temperature=0.0).problems() == []
+    assert SamplingParams(temperature=MIN_TEMPERATURE).problems() == []
+    probs = warp(np.array([1e4, -1e4, 3.0, 3.0 + 1e-3]), SamplingParams(temperature=MIN_TEMPERATURE))
+    assert np.isfinite(probs).all() and probs[0] == 1.0
+
+
+def test_a_sync_seed_round_trips_and_defaults_to_none():
+    """Sync's appended seed field decodes, and a Sync without it (an older client) means no re-key."""
+    assert decode_client_message(encode(Sync(seq=2, tokens=[1, 2], seed=2**64 - 1))).seed == 2**64 - 1
+    old = msgspec.msgpack.encode({"type": "sync", "seq": 2, "tokens": [1, 2]})
+    assert decode_client_message(old).seed is None

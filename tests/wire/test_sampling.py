@@ -1,0 +1,31 @@
+"""The sampling definition both ends share: ties at the top-k and top-p cuts keep the lowest ids."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from wire.protocol import SamplingParams
+from wire.sampling import warp
+
+
+@pytest.mark.parametrize("top_k, kept", [(3, [4, 5, 6]), (6, [0, 1, 4, 5, 6, 7]), (1, [4])])
+def test_top_k_ties_keep_the_lowest_token_ids(top_k, kept):
+    """logits [0,0,0,0,1,1,1,1]: top_k 3 keeps ids 4, 5, 6; the cut through the zeros keeps 0 and 1."""
+    probs = warp(np.array([0, 0, 0, 0, 1, 1, 1, 1], dtype=np.float32), SamplingParams(temperature=1.0, top_k=top_k))
+    assert np.flatnonzero(probs).tolist() == kept
+
+
+def test_top_k_ties_do_not_depend_on_the_vocabulary_around_them():
+    """The same tie rule at a Qwen-sized vocabulary, with ties scattered across it."""
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=151_936).astype(np.float32)
+    logits[[7, 90_000, 151_000, 42]] = 10.0  # four tied leaders, for a top_k of 3
+    probs = warp(logits, SamplingParams(temperature=0.7, top_k=3))
+    assert np.flatnonzero(probs).tolist() == [7, 42, 90_000]
+
+
+def test_top_p_ties_at_the_cut_keep_the_lowest_token_ids():
+    """Four equal tokens (about 0.25 each) and top_p 0.4: the two with the lowest ids are kept."""
+    probs = warp(np.array([0, 5, 5, -9, 5, 5], dtype=np.float64), SamplingParams(temperature=1.0, top_p=0.4))
+    assert np.flatnonzero(probs).tolist() == [1, 2]
