@@ -86,6 +86,22 @@ def test_a_missing_draft_model_is_a_clear_error(tmp_path):
     assert done.returncode == 2 and "draft model not found" in done.stderr
 
 
+def test_a_seeded_sampled_generation_repeats_token_for_token(tiny_dir, served):
+    """`generate --seed 7 --temperature 1 --k 3 --no-pipeline` twice gives the same tokens; --seed 8 others."""
+    _, url = served
+
+    def sampled(seed: str) -> list[int]:
+        done = _run("generate", "--draft", str(tiny_dir / "draft.gguf"), "--server", url, "--prompt", "The",
+                    "--max-tokens", "48", "--seed", seed, "--temperature", "1", "--k", "3", "--no-pipeline",
+                    "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["token_ids"]
+
+    first = sampled("7")
+    assert first and sampled("7") == first
+    assert sampled("8") != first
+
+
 def test_sigterm_stops_the_service_cleanly(served):
     """SIGTERM: the service closes and exits 0."""
     process, _ = served

@@ -165,3 +165,43 @@ def test_a_refused_reconnect_stops_retrying(tiny, close_draft, tmp_path):
     finally:
         link.close()
         guarded.kill()
+
+
+def _seeded_sampled_reply(tiny, draft, process: subprocess.Popen, port: int,
+                          restart_after: int | None) -> tuple[list[int], ServiceLink]:
+    """A seeded sampled reply (seed 7, temperature 1, k = 3, no drafting ahead); with `restart_after`,
+    the service is SIGKILLed once that many tokens are committed and a new one (another process:
+    any replica) is started on the same port before the next round, which rebuilds the session."""
+    params = SamplingParams(temperature=1.0)
+    link = ServiceLink(f"ws://127.0.0.1:{port}", hello_for(draft, params, seed=7), backoff=FAST_BACKOFF)
+    made: list[int] = []
+
+    def on_commit(tokens: list[int], provenance: list[str]) -> None:
+        nonlocal process
+        made.extend(tokens)
+        if restart_after is not None and len(made) >= restart_after and link.connections == 1:
+            process.kill()
+            process.wait()
+            process, _ = start_service(tiny.target, port)
+            assert wait_for(lambda: link.current() is not None and link.connections == 2), "no reconnect"
+
+    try:
+        result = Speculator(draft, link, params, k=3, seed=7).generate(draft.tokenize("The"), 60, on_commit)
+    finally:
+        link.close()
+        process.kill()
+        process.wait()  # the port is free for the next run
+    assert result.stats.offline == 0
+    return result.token_ids, link
+
+
+def test_a_seeded_sampled_reply_repeats_through_a_killed_and_restarted_service(tiny, close_draft):
+    """The same seed gives the same sampled tokens whether or not the service is killed and
+    replaced mid-reply: the new session draws position n's numbers from (seed, n), as the old did."""
+    process, port = start_service(tiny.target)
+    straight, _ = _seeded_sampled_reply(tiny, close_draft, process, port, restart_after=None)
+    process, _ = start_service(tiny.target, port)
+    interrupted, link = _seeded_sampled_reply(tiny, close_draft, process, port, restart_after=20)
+    assert link.connections == 2
+    assert interrupted == straight and len(straight) >= 20
+
