@@ -10,6 +10,7 @@ import argparse
 
 from app.user_error import UserError
 from wire.protocol import SamplingParams
+from wire.randomness import seed_problem
 
 
 def parse_k(text: str) -> int | None:
@@ -39,12 +40,25 @@ def add_k_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) ->
                              "(chosen each round from measured acceptance and costs; default)")
 
 
+def seed_flag(text: str) -> int:
+    """--seed, for argparse: an integer the wire carries (0 .. 2**64 - 1)."""
+    try:
+        seed = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a seed is a whole number, got {text!r}") from None
+    if seed_problem(seed):
+        raise argparse.ArgumentTypeError(seed_problem(seed))
+    return seed
+
+
 def add_sampling_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, seed: int | None = None) -> None:
     """--temperature, --top-k, --top-p and --seed (default `seed`: None draws a fresh one)."""
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     parser.add_argument("--top-k", type=int, default=0, help="0 keeps every token")
     parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=seed, help="makes sampled output reproducible")
+    parser.add_argument("--seed", type=seed_flag, default=seed,
+                        help="makes sampled output reproducible (the drafter and the service draw from "
+                             "independent streams of it)")
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:

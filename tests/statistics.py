@@ -18,3 +18,23 @@ def chi_square_pvalue(counts: np.ndarray, exact: np.ndarray) -> float:
     observed = np.append(counts[keep], counts[~keep].sum())
     expected = np.append(exact[keep], exact[~keep].sum()) * counts.sum()
     return float(stats.chisquare(observed[expected > 0], expected[expected > 0]).pvalue)
+
+
+def detectable_shift(exact: np.ndarray, samples: int, trials: int = 200, seed: int = 0) -> float:
+    """The power of `chi_square_pvalue` at `samples` draws from `exact`: the smallest shift of
+    probability mass between its two likeliest outcomes that the test catches (p < ALPHA) in at
+    least 90% of `trials` simulated runs, to 0.001."""
+    rng = np.random.default_rng(seed)
+    top = np.argsort(-exact)[:2]
+
+    def caught(shift: float) -> float:
+        shifted = exact.copy()
+        shifted[top[0]] -= shift
+        shifted[top[1]] += shift
+        return np.mean([chi_square_pvalue(rng.multinomial(samples, shifted), exact) < ALPHA for _ in range(trials)])
+
+    low, high = 0.0, float(exact[top[0]])  # caught(low) < 0.9 <= caught(high), found by halving
+    while high - low > 0.001:
+        middle = (low + high) / 2
+        low, high = (low, middle) if caught(middle) >= 0.9 else (middle, high)
+    return round(high, 3)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from local_draft.service_link import ServiceLink
 from local_draft.speculator import Speculator
 from local_draft.verify_client import VerifyClient
 from wire.protocol import SamplingParams
@@ -67,33 +68,148 @@ CASES = [
 ]
 
 
+class Tally:
+    """Counts of the first n_tokens of each generation against the target's exact joint distribution."""
+
+    def __init__(self, service, draft, params: SamplingParams, n_tokens: int):
+        self.prompt = draft.tokenize(PROMPT_TEXT)
+        joint = _exact_first(service.backend, self.prompt, params, n_tokens)
+        self.cells = {tokens: i for i, tokens in enumerate(joint)}  # one more cell: outside the support
+        self.exact = np.append(np.array(list(joint.values())), 0.0)
+        self.counts = np.zeros_like(self.exact, dtype=np.int64)
+        self.n_tokens = n_tokens
+        self.accepted = self.drafted = self.ahead_used = 0
+
+    def add(self, result) -> None:
+        self.counts[self.cells.get(tuple(result.token_ids[: self.n_tokens]), len(self.cells))] += 1
+        self.accepted += result.stats.accepted
+        self.drafted += result.stats.drafted
+        self.ahead_used += result.stats.ahead_used
+
+    def pvalue(self) -> float:
+        return chi_square_pvalue(self.counts, self.exact)
+
+
 @pytest.mark.parametrize("kind, drafter, params, k, n_tokens, pipeline", CASES)
 def test_speculative_samples_follow_the_target_distribution(request, service_on, kind, drafter, params,
                                                             k, n_tokens, pipeline):
     """The first tokens of SAMPLES speculative generations fit the target's exact joint distribution."""
     service = service_on(kind)
     draft = request.getfixturevalue(drafter)
-    prompt = draft.tokenize(PROMPT_TEXT)
-    backend = service.backend
-    joint = _exact_first(backend, prompt, params, n_tokens)
-    cells = {tokens: i for i, tokens in enumerate(joint)}  # one more cell: outside the support
-    exact = np.append(np.array(list(joint.values())), 0.0)
+    tally = Tally(service, draft, params, n_tokens)
     client = VerifyClient(service.url, hello_for(draft, params, seed=1234))
     speculator = Speculator(draft, client, params, k=k, seed=1234, pipeline=pipeline)
-    counts = np.zeros_like(exact, dtype=np.int64)
-    accepted = drafted = ahead_used = 0
     # one more token than tested, so that a round drafted ahead decides the last tested one
     max_tokens = n_tokens + 1 if pipeline else k + 1
     for seed in range(SAMPLES):
         speculator.reseed(seed)  # a seed decides a generation: each sample gets its own
-        result = speculator.generate(prompt, max_tokens)
-        counts[cells.get(tuple(result.token_ids[:n_tokens]), len(joint))] += 1
-        accepted += result.stats.accepted
-        drafted += result.stats.drafted
-        ahead_used += result.stats.ahead_used
+        tally.add(speculator.generate(tally.prompt, max_tokens))
     client.close()
-    assert chi_square_pvalue(counts, exact) > ALPHA
-    rate = accepted / drafted  # the paths this case is meant to exercise were taken
+    assert tally.pvalue() > ALPHA
+    rate = tally.accepted / tally.drafted  # the paths this case is meant to exercise were taken
     assert rate < 0.05 if drafter == "far_draft" else 0.3 < rate < 0.95, rate
     if pipeline:
-        assert ahead_used > 0.3 * SAMPLES, ahead_used  # usually, token 4 was drafted ahead
+        assert tally.ahead_used > 0.3 * SAMPLES, tally.ahead_used  # usually, token 4 was drafted ahead
+
+
+# The far drafter at temperature 0.7 and top-k 16: target and drafter keep different top 16s, so
+# ~96% of the target's first-token mass is on tokens the draft never proposes. Only the residual
+# norm(max(0, p - q)) over the whole vocabulary brings it back (a residual cut to the draft's
+# support would drop it). Two tokens: a residual draw, then a round after a rejection.
+OUTSIDE_SUPPORT = SamplingParams(temperature=0.7, top_k=16)
+OUTSIDE_SAMPLES = 6_000  # power: a 1.9-point shift of mass between the two likeliest outcomes, 90% of the time
+
+
+def test_target_mass_the_draft_never_proposes_is_reached(service_on, far_draft):
+    """Far drafter, temperature 0.7, top-k 16 (k = 1, two tokens): the target's mass outside the
+    draft's support is produced as often as the target produces it."""
+    service = service_on("onnx")
+    tally = Tally(service, far_draft, OUTSIDE_SUPPORT, 2)
+    _, [q] = far_draft.propose(tally.prompt, 1, OUTSIDE_SUPPORT, np.random.default_rng(0))  # what is sent
+    p = warp(service.backend.forward(service.backend.new_cache(), tally.prompt, n_logits=1)[0], OUTSIDE_SUPPORT)
+    assert np.delete(p, q.ids).sum() > 0.5  # the case is what it claims to be
+    client = VerifyClient(service.url, hello_for(far_draft, OUTSIDE_SUPPORT))
+    speculator = Speculator(far_draft, client, OUTSIDE_SUPPORT, k=1)
+    for seed in range(OUTSIDE_SAMPLES):
+        speculator.reseed(seed)
+        tally.add(speculator.generate(tally.prompt, 2))
+    client.close()
+    assert tally.pvalue() > ALPHA
+
+
+# A whole block with its bonus: k = 2 and three tokens counted, so the bonus (drawn from the
+# target's distribution after both draft tokens) is checked beside both acceptances; at
+# temperature 0.7 with top-k and top-p, the close drafter has two thirds of such blocks fully
+# accepted.
+BLOCK = SamplingParams(temperature=0.7, top_k=8, top_p=0.9)
+BLOCK_SAMPLES = 12_000  # power: a 1.7-point shift of mass between the two likeliest outcomes, 90% of the time
+
+
+def test_a_whole_block_and_its_bonus_follow_the_target(service_on, close_draft):
+    """Close drafter, temperature 0.7, top-k 8, top-p 0.9, k = 2: the joint distribution of the
+    first three tokens (two drafted, the bonus or a correction) is the target's."""
+    service = service_on("torch")
+    tally = Tally(service, close_draft, BLOCK, 3)
+    client = VerifyClient(service.url, hello_for(close_draft, BLOCK))
+    speculator = Speculator(close_draft, client, BLOCK, k=2)
+    bonus = 0
+    for seed in range(BLOCK_SAMPLES):
+        speculator.reseed(seed)
+        result = speculator.generate(tally.prompt, 3)
+        bonus += result.stats.accepted_per_position[1] if len(result.stats.accepted_per_position) > 1 else 0
+        tally.add(result)
+    client.close()
+    assert tally.pvalue() > ALPHA
+    assert bonus > 0.4 * BLOCK_SAMPLES, bonus  # the bonus token was drawn in most generations
+
+
+# Adaptive k, drafting ahead, and a new connection after the first round of every generation
+# (the client closes its socket, the link opens a new session, and the loop rebuilds it from the
+# history and re-keys it), at temperature 0.7, top-k 8, top-p 0.9. The loop is new for each
+# generation, so its k is the controller's before any measurement (START_K, capped at max_k = 2 and
+# by the tokens left): round 1 drafts tokens 1-2 and decides 3, and token 4 usually comes from
+# the block drafted after the guessed token 3 while the first verdict was in flight.
+ADAPTIVE_SAMPLES = 8_000  # power: a 1.8-point shift of mass between the two likeliest outcomes, 90% of the time
+
+
+def test_adaptive_k_drafting_ahead_and_reconnecting_follow_the_target(service_on, close_draft):
+    """k chosen by the controller, blocks drafted while verdicts fly, a reconnect after the first
+    round: the first four tokens still fit the target's joint distribution."""
+    service = service_on("onnx")
+    tally = Tally(service, close_draft, BLOCK, 4)
+    link = ServiceLink(service.url, hello_for(close_draft, BLOCK))
+    rounds = 0
+
+    def reconnect_after_the_first_round(tokens: list[int], provenance: list[str]) -> None:
+        nonlocal rounds
+        rounds += 1
+        if rounds == 1:
+            link.current().close()  # the next round finds it closed and opens a new session
+
+    for seed in range(ADAPTIVE_SAMPLES):
+        speculator = Speculator(close_draft, link, BLOCK, k=None, pipeline=True, max_k=2)
+        speculator.reseed(seed)
+        rounds = 0
+        tally.add(speculator.generate(tally.prompt, 5, reconnect_after_the_first_round))
+    link.close()
+    assert tally.pvalue() > ALPHA
+    assert link.connections > 0.9 * ADAPTIVE_SAMPLES  # nearly every generation went on on a new session
+    assert tally.ahead_used > 0.3 * ADAPTIVE_SAMPLES, tally.ahead_used
+
+
+# The seeded path users take: `specwire generate --seed S` builds a link whose Hello carries S
+# and a Speculator seeded with S (app/generate_command.py); one such pair per seed.
+SEEDED = SamplingParams(temperature=1.0, top_k=8, top_p=0.9)
+SEEDED_SAMPLES = 3_000  # power: a 2.6-point shift of mass between the two likeliest outcomes, 90% of the time
+
+
+def test_seeded_generations_follow_the_target(service_on, close_draft):
+    """Over seeds 0 .. SEEDED_SAMPLES - 1, the first two tokens of `generate --seed S --k 3
+    --no-pipeline` (built as the command builds it) fit the target's joint distribution."""
+    service = service_on("torch")
+    tally = Tally(service, close_draft, SEEDED, 2)
+    for seed in range(SEEDED_SAMPLES):
+        link = ServiceLink(service.url, close_draft.hello(SEEDED, seed=seed, client="specwire generate"))
+        tally.add(Speculator(close_draft, link, SEEDED, k=3, seed=seed, pipeline=False).generate(tally.prompt, 2))
+        link.close()
+    assert tally.pvalue() > ALPHA
