@@ -14,7 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from app.threads_flags import add_draft_threads_argument
 from app.user_error import UserError
+from wire.threads import DRAFT_THREADS, shared_service_threads
 
 NEAR_TIE_LOGITS = 1.5  # llama.cpp's batch-shape noise on quantized weights (benchmarks/batch_noise.py)
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
@@ -26,12 +28,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--k", type=int, default=4)
     demo.add_argument("--max-tokens", type=int, default=64)
     demo.add_argument("--tiny", action="store_true", help="tiny random models instead of the default pair")
+    add_draft_threads_argument(demo)  # the service gets the physical cores left
     demo.set_defaults(run=demo_command)
 
 
 def demo_command(args: argparse.Namespace) -> int:
     try:
-        return run_demo(k=args.k, max_tokens=args.max_tokens, tiny=args.tiny)
+        return run_demo(k=args.k, max_tokens=args.max_tokens, tiny=args.tiny, draft_threads=args.draft_threads)
     except subprocess.CalledProcessError as exc:
         raise UserError(f"the demo could not prepare its models ({exc})") from exc
 
@@ -84,7 +87,7 @@ def explain_divergence(target_path: Path, context: list[int], alone: list[int], 
     return f"NO: differs at token {at} (logit gap {gap:.2f}, no near-tie)"
 
 
-def run_demo(k: int, max_tokens: int, tiny: bool) -> int:
+def run_demo(k: int, max_tokens: int, tiny: bool, draft_threads: int = DRAFT_THREADS) -> int:
     from local_draft.draft_model import DraftModel
     from local_draft.speculator import Speculator
     from local_draft.verify_client import VerifyClient
@@ -92,10 +95,11 @@ def run_demo(k: int, max_tokens: int, tiny: bool) -> int:
 
     draft_path, target_path = demo_models(tiny)
     print(f"starting a verification service for {target_path.name} ...", flush=True)
-    service, url = start_service(target_path)
+    # one machine, two llama.cpp models: the drafter's threads, and the physical cores left to the service
+    service, url = start_service(target_path, "--threads", str(shared_service_threads(draft_threads)))
     print(f"verification service listening on {url}\n", flush=True)
     try:
-        draft = DraftModel(draft_path)
+        draft = DraftModel(draft_path, n_threads=draft_threads)
         params = SamplingParams()  # greedy: output must equal the target's token for token
         client = VerifyClient(url, draft.hello(params, client="specwire demo"))
         header = f"{'prompt':28s} {'mode':5s} {'tokens':>6s} {'rounds':>6s} {'accept':>7s} {'tok/round':>9s} {'tok/s':>7s}"

@@ -10,6 +10,7 @@ import sys
 
 from app.generation_flags import add_k_argument, add_sampling_arguments, sampling_params
 from app.model_paths import resolve_model
+from app.threads_flags import add_draft_threads_argument
 from app.token_file import read_token_file
 from app.user_error import UserError
 
@@ -38,6 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="do not draft the next block while a verdict is in flight")
     gen.add_argument("--draft-gpu-layers", type=int, default=-1,
                      help="layers of the draft model on the GPU (-1: all, 0: none)")
+    add_draft_threads_argument(gen)
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, token ids and stats")
     gen.set_defaults(run=run_generate)
 
@@ -53,7 +55,7 @@ def run_generate(args: argparse.Namespace) -> int:
     mode = "offline" if args.offline else args.mode
     try:  # server mode runs no draft model: its vocabulary is enough to tokenize
         draft = DraftModel(resolve_model(args.draft, args.pair, "draft"), gpu_layers=args.draft_gpu_layers,
-                           vocab_only=mode == "server")
+                           n_threads=args.draft_threads, vocab_only=mode == "server")
     except DraftModelError as exc:
         raise UserError(str(exc)) from exc
 

@@ -1,6 +1,7 @@
 """The draft model: a GGUF file run by llama.cpp, proposing blocks of tokens.
 
-This is the only module that imports llama_cpp. The model keeps a KV cache of the tokens
+This is the only module of the client that imports llama_cpp (after `quiet_openmp`, which
+must come first: wire/threads.py). The model keeps a KV cache of the tokens
 it has evaluated; `propose` first catches the cache up with the committed history (reusing
 the longest common prefix, so a rejection costs a roll back, not a recompute), then
 drafts k tokens one at a time.
@@ -10,25 +11,23 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 from pathlib import Path
 from typing import Callable, Sequence
 
-import llama_cpp
-import numpy as np
-from llama_cpp._utils import suppress_stdout_stderr
+from wire.threads import DRAFT_THREADS, quiet_openmp
 
-from wire.protocol import Hello, SamplingParams, SparseDist, vocab_fingerprint
-from wire.sampling import sample, truncate, warp
+quiet_openmp()  # before llama.cpp's OpenMP runtime loads: it reads the wait policy only then
+
+import llama_cpp  # noqa: E402
+import numpy as np  # noqa: E402
+from llama_cpp._utils import suppress_stdout_stderr  # noqa: E402
+
+from wire.protocol import Hello, SamplingParams, SparseDist, vocab_fingerprint  # noqa: E402
+from wire.sampling import sample, truncate, warp  # noqa: E402
 
 log = logging.getLogger(__name__)
 
 WIRE_TOP_K_CAP = 64  # draft distributions travel as their 64 most likely tokens at most
-
-
-def _usable_cpus() -> int:
-    """Cores this process may run on (its affinity mask), not every core of the machine."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else max(1, os.cpu_count() or 1)
 
 
 class DraftModelError(RuntimeError):
@@ -41,6 +40,7 @@ class DraftModel:
         path = Path(path)
         if not path.is_file():
             raise DraftModelError(f"draft model not found: {path}")
+        self.n_threads = n_threads or DRAFT_THREADS  # the thread plan: wire/threads.py
         try:
             # llama.cpp warns on stderr that a vocabulary-only model's training context (0) is short
             with suppress_stdout_stderr(disable=not vocab_only):
@@ -50,9 +50,9 @@ class DraftModel:
                     n_batch=512,
                     n_gpu_layers=gpu_layers,  # -1: every layer on the GPU when llama.cpp has one
                     # batches (catching up after a round) too: llama-cpp-python's own default for
-                    # them is every core of the machine, which thrashes a process pinned to fewer
-                    n_threads=n_threads or _usable_cpus(),
-                    n_threads_batch=n_threads or _usable_cpus(),
+                    # them is every core of the machine, which fights the service for them
+                    n_threads=self.n_threads,
+                    n_threads_batch=self.n_threads,
                     logits_all=False,  # logits are read for the last position only
                     vocab_only=vocab_only,  # tokenizer only: for clients that let the service generate
                     verbose=False,

@@ -13,6 +13,7 @@ from app.bench.report import render_checks, render_tables, summarize, write_json
 from app.bench.runner import BenchConfig, count_runs, run_bench
 from app.generation_flags import add_sampling_arguments, sampling_params
 from app.model_paths import resolve_model
+from app.threads_flags import add_draft_threads_argument
 from app.user_error import UserError
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--service-cpus", type=int, default=None,
                         help="cores pinned to the local service, the rest to the client, as if on two machines "
                              "(default: half; 0: no pinning, both share every core)")
+    add_draft_threads_argument(parser)
     parser.add_argument("--out", help="folder for bench.json and bench.png (default: ./specwire-bench-TIME)")
 
 
@@ -75,7 +77,8 @@ def parse(args: argparse.Namespace, draft: str, target: str) -> BenchConfig:
     return BenchConfig(draft=Path(draft), target=Path(target), backend=args.backend, rtts_ms=rtts,
                        jitter_ms=args.jitter_ms, modes=[MODES_BY_NAME[m] for m in args.modes.split(",")],
                        kinds=kinds, prompts_per_kind=args.prompts_per_kind, max_tokens=args.max_tokens,
-                       params=sampling_params(args), seed=args.seed, service_cpus=args.service_cpus)
+                       params=sampling_params(args), seed=args.seed, service_cpus=args.service_cpus,
+                       draft_threads=args.draft_threads)
 
 
 def run(config: BenchConfig, out_dir: Path) -> dict:
@@ -106,7 +109,7 @@ def run(config: BenchConfig, out_dir: Path) -> dict:
                 "kinds": config.kinds, "prompts_per_kind": config.prompts_per_kind,
                 "max_tokens": config.max_tokens, "temperature": config.params.temperature,
                 "top_k": config.params.top_k, "top_p": config.params.top_p, "seed": config.seed,
-                "service_cpus": config.service_cpus}
+                "service_cpus": config.service_cpus, "draft_threads": config.draft_threads}
     write_json(json_path, settings, runs, cells, notes)
     written = {"json": str(json_path)}
     if write_plot(plot_path, cells, config.rtts_ms, config.kinds):

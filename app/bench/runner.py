@@ -23,6 +23,7 @@ from app.bench.prompts import PROMPTS
 from app.demo import start_service
 from app.latency_proxy import LatencyProxy
 from wire.protocol import SamplingParams
+from wire.threads import DRAFT_THREADS, shared_service_threads
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class BenchConfig:
     params: SamplingParams = SamplingParams()  # greedy by default
     seed: int = 0
     service_cpus: int | None = None  # cores pinned to the service; None: half; 0: no pinning
+    draft_threads: int = DRAFT_THREADS
 
 
 def split_cores(service_cpus: int | None) -> tuple[set[int] | None, set[int] | None]:
@@ -79,9 +81,12 @@ def run_bench(config: BenchConfig, progress: Callable[[int, int], None]) -> list
     all_cores = os.sched_getaffinity(0) if client_cores else None
     if client_cores:
         os.sched_setaffinity(0, client_cores)  # before llama.cpp counts its threads
-    draft = DraftModel(config.draft)
+    draft = DraftModel(config.draft, n_threads=config.draft_threads)
+    # Pinned, the service takes the physical cores of its half; sharing every core, it takes
+    # what the drafter leaves, as the chat's embedded service does (wire/threads.py).
+    threads = [] if service_cores else ["--threads", str(shared_service_threads(config.draft_threads))]
     service, url = start_service(config.target, "--backend", config.backend, "--max-context", str(SERVICE_CONTEXT),
-                                 cpus=service_cores)
+                                 *threads, cpus=service_cores)
     proxies: list[LatencyProxy] = []
     generators: dict[tuple[str, float], object] = {}
     links = []

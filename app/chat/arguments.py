@@ -6,6 +6,7 @@ import argparse
 import os
 
 from app.generation_flags import add_k_argument, add_sampling_arguments
+from app.threads_flags import add_draft_threads_argument
 
 LATEST = ""  # `--resume` without an id: the most recent chat
 
@@ -32,6 +33,7 @@ def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the embedded service's engine (as for serve)")
     models.add_argument("--draft-gpu-layers", type=int, default=-1,
                         help="layers of the draft model on the GPU (-1: all, 0: none)")
+    add_draft_threads_argument(models)  # the embedded service takes the physical cores left
     service = parser.add_argument_group("service")
     service.add_argument("--server", default=env("SPECWIRE_SERVER"),
                          help="ws://HOST:PORT (or wss://) of a remote verification service instead of the embedded one")

@@ -105,7 +105,8 @@ class ChatEngine:
             self.listener.progress(f"loading the draft model {self.settings.draft.name}")
             try:
                 self.draft = DraftModel(self.settings.draft, n_ctx=self.settings.context,
-                                        gpu_layers=self.settings.draft_gpu_layers)
+                                        gpu_layers=self.settings.draft_gpu_layers,
+                                        n_threads=self.settings.draft_threads)
             except DraftModelError as exc:
                 raise StartupProblem("missing_model", str(exc), offline_possible=False, retry_possible=False) from exc
             bos = self.draft.token_text(self.draft.bos_id).decode("utf-8", "replace")

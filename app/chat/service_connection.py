@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from app.chat.embedded_service import EmbeddedService, EmbeddedServiceError
+from wire.threads import shared_service_threads
 from app.chat.settings import ChatSettings
 from app.chat.state import Connection, EngineListener, StartupProblem
 from local_draft.service_link import LinkState, ServiceLink
@@ -40,7 +41,9 @@ class ServiceConnection:
             raise StartupProblem("missing_model", self.settings.target_problem or "no target model",
                                  retry_possible=False)
         listener = self._listener()
-        self.service = EmbeddedService(target, self.settings.backend, restart=self.settings.restart_service,
+        self.service = EmbeddedService(target, self.settings.backend,
+                                       threads=shared_service_threads(self.settings.draft_threads),
+                                       restart=self.settings.restart_service,
                                        on_output=lambda line: listener.progress(line, True),
                                        on_event=self._on_service_event)
         listener.progress(f"starting the verification service for {Path(target).name}")

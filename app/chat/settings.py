@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wire.protocol import SamplingParams
+from wire.threads import DRAFT_THREADS
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class ChatSettings:
     max_tokens: int = 1024  # per reply
     context: int = 4096  # the drafter's context; the service's limit applies too
     draft_gpu_layers: int = -1
+    draft_threads: int = DRAFT_THREADS  # the embedded service gets the physical cores left (wire/threads.py)
     resume: Path | None = None  # a saved chat to continue
     chats_dir: Path | None = None  # None: $XDG_DATA_HOME/specwire/chats
     restart_service: bool = True  # restart the embedded service if it dies

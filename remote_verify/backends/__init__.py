@@ -32,12 +32,14 @@ class TargetBackend(Protocol):
         """Drop every cached position from `length` on (roll back without recomputing)."""
 
 
-def load_backend(kind: str, target: str | Path, device: str = "auto") -> TargetBackend:
+def load_backend(kind: str, target: str | Path, device: str = "auto", threads: int | None = None) -> TargetBackend:
     """Load a target (GGUF file or Hugging Face folder) with the named backend.
 
     "auto" picks torch when CUDA is available and llama.cpp otherwise (a GGUF target is
     then verified by llama.cpp on the CPU, several times faster than de-quantized torch).
     "onnx" (an export made by `specwire models export-onnx`) is only ever chosen by name.
+    `threads`: llama.cpp's CPU threads (None: the physical cores, wire/threads.py); the
+    torch and ONNX backends keep their runtimes' own thread settings.
     """
     target = Path(target)
     if not target.exists():
@@ -53,7 +55,7 @@ def load_backend(kind: str, target: str | Path, device: str = "auto") -> TargetB
     if kind == "llamacpp":
         from remote_verify.backends.llamacpp_backend import LlamaCppTarget
 
-        return LlamaCppTarget(target, gpu_layers=0 if device == "cpu" else -1)
+        return LlamaCppTarget(target, gpu_layers=0 if device == "cpu" else -1, n_threads=threads)
     if kind == "onnx":
         if not is_onnx_export(target):
             raise ValueError(f"{target} is not an ONNX export: make one with "

@@ -10,26 +10,22 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-import llama_cpp
-import numpy as np
-from llama_cpp._internals import LlamaBatch, LlamaContext, LlamaModel
-from llama_cpp._logger import set_verbose
+from wire.threads import quiet_openmp, service_threads
+
+quiet_openmp()  # before llama.cpp's OpenMP runtime loads: it reads the wait policy only then
+
+import llama_cpp  # noqa: E402
+import numpy as np  # noqa: E402
+from llama_cpp._internals import LlamaBatch, LlamaContext, LlamaModel  # noqa: E402
+from llama_cpp._logger import set_verbose  # noqa: E402
 
 log = logging.getLogger(__name__)
 
 N_BATCH = 512  # tokens per llama_decode call; a draft block is always far smaller
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on (a container's cpuset or `taskset`), not all the host has."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
 
 
 @dataclass
@@ -54,7 +50,7 @@ class LlamaCppTarget:
         self.max_context = min(max_context, int(llama_cpp.llama_model_n_ctx_train(self.model.model)))
         self.bos_id = int(llama_cpp.llama_vocab_bos(self._vocab))
         self.eos_id = int(llama_cpp.llama_vocab_eos(self._vocab))
-        self.n_threads = n_threads or usable_cpus()
+        self.n_threads = n_threads or service_threads()  # physical cores: wire/threads.py
         offload = llama_cpp.llama_supports_gpu_offload() and gpu_layers != 0
         self.name = f"llamacpp:{'gpu' if offload else 'cpu'}"
         log.info("target %s with llama.cpp (%s), vocab %d", self.path.name, self.name, self.vocab_size)
