@@ -6,7 +6,10 @@ Every committed token is reported with its provenance: "draft" (a draft token th
 accepted), "target" (the target's correction or bonus) or "offline" (unverified).
 
 k is fixed, or chosen each round by `AdaptiveK` (k=None) from measured acceptance and
-costs. With `pipeline=True` the loop drafts ahead while a verdict is in flight: it guesses
+costs. With adaptive k the first round of a generation drafts nothing: the service reads
+the prompt and answers its first token after one round trip, while the drafter reads the
+prompt too (and, drafting ahead, guesses that token and drafts the block after it), so the
+user sees the first token as soon as with k = 0 and speculation starts on the second round. With `pipeline=True` the loop drafts ahead while a verdict is in flight: it guesses
 the bonus token (the draft's own argmax) and drafts the next block after it; the block is
 used only if the verdict accepted the whole current block and its token is the guess, so
 the committed text is the same as without drafting ahead.
@@ -127,7 +130,7 @@ class Speculator:
                 stop_reason = "stopped"
                 break
             try:
-                committed, provenance = self._round(history, max_tokens - len(new), stats)
+                committed, provenance = self._round(history, max_tokens - len(new), stats, first=not new)
             except DraftModelError:
                 stop_reason = "context"
                 break
@@ -151,13 +154,16 @@ class Speculator:
         stats.bytes_sent, stats.bytes_received = sent1 - sent0, received1 - received0
         return Generation(new, stop_reason, stats)
 
-    def _round(self, history: list[int], remaining: int,
-               stats: GenerationStats) -> tuple[list[int], list[str]]:
+    def _round(self, history: list[int], remaining: int, stats: GenerationStats,
+               first: bool = False) -> tuple[list[int], list[str]]:
         """One verified round (or an offline step); returns the committed tokens and their provenance."""
         if not self._use_current_client():
             self._ahead = None
             return self._offline_round(history, stats)
-        k = self._round_k(remaining)
+        # Adaptive k's first round verifies the prompt alone: drafting first would make the
+        # user wait for the drafter's prefill and block before the first token.
+        prompt_round = first and self.k is None
+        k = 0 if prompt_round else self._round_k(remaining)
         t0 = time.perf_counter()
         draft, dists, drafted_now = self._draft_block(history, k, stats)
         draft_s = time.perf_counter() - t0
@@ -167,7 +173,13 @@ class Speculator:
             sent = time.perf_counter()
             self._client.send_verify(request)
             ahead_room = min(k, remaining - len(draft) - 2)  # the next round's block, if all goes well
-            if self.pipeline and ahead_room > 0 and draft and draft[-1] not in self.draft.end_ids:
+            if prompt_round and self.pipeline:  # the block after the first token, drafted while it comes
+                ahead_room = min(self.controller.last_choice, self._client.welcome.max_draft, remaining - 2)
+                if ahead_room > 0:
+                    self._draft_ahead(history, ahead_room, stats)
+                else:
+                    self._keep_drafter_up(history)
+            elif self.pipeline and ahead_room > 0 and draft and draft[-1] not in self.draft.end_ids:
                 self._draft_ahead(history + draft, ahead_room, stats)
             elif not draft and self.k is None:
                 self._keep_drafter_up(history)
