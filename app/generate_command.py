@@ -45,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    from local_draft.controller_memory import ControllerMemory
     from local_draft.draft_model import DraftModel, DraftModelError
     from local_draft.server_only import ServerOnlyGenerator
     from local_draft.service_link import LinkState, ServiceLink
@@ -75,6 +76,10 @@ def run_generate(args: argparse.Namespace) -> int:
         generator = ServerOnlyGenerator(link, draft.end_ids)
     else:
         generator = Speculator(draft, link, params, k=args.k, seed=args.seed, pipeline=args.pipeline)
+    memory = None
+    if mode == "hybrid":  # adaptive k starts from what it learned last time with this service and pair
+        memory = ControllerMemory(args.server, draft.path.name, link.welcome.target)
+        memory.load_into(generator.controller)
     provenance_runs: list[list] = []  # [provenance, count] runs: which tokens were verified
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
@@ -95,6 +100,8 @@ def run_generate(args: argparse.Namespace) -> int:
     finally:
         if link is not None:
             link.close()
+    if memory is not None:
+        memory.save(generator.controller)
 
     text = b"".join(draft.token_bytes(t) for t in result.token_ids).decode("utf-8", errors="replace")
     stats = result.stats

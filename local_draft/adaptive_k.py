@@ -149,6 +149,30 @@ class AdaptiveK:
             hidden = alpha ** (k + 1) * min(draft, wire + verify)
         return tokens / max(draft - hidden + wire + verify, 1e-6)
 
+    def state(self) -> dict:
+        """What has been learned (acceptance, drafting, wire and verify costs), as plain JSON data."""
+        return {"accepted": [self._accepted.total, self._accepted.weight],
+                "draft_token_s": [self._draft_token_s.total, self._draft_token_s.weight],
+                "wire_s": [self._wire_s.total, self._wire_s.weight],
+                "verify": list(self._verify.sums), "last_choice": self.last_choice}
+
+    def restore(self, state: dict) -> None:
+        """Start from a `state()` of an earlier run; ValueError (and nothing changed) if it is malformed."""
+        try:
+            pairs = [[float(x) for x in state[name]] for name in ("accepted", "draft_token_s", "wire_s")]
+            verify = [float(x) for x in state["verify"]]
+            last_choice = int(state["last_choice"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not an adaptive-k state: {exc}") from None
+        numbers = [x for pair in pairs for x in pair] + verify
+        if (any(len(pair) != 2 or pair[1] < 0 for pair in pairs) or len(verify) != 5
+                or any(x != x or abs(x) == float("inf") for x in numbers)):
+            raise ValueError("not an adaptive-k state: wrong shapes or values")
+        for decayed, (total, weight) in zip((self._accepted, self._draft_token_s, self._wire_s), pairs):
+            decayed.total, decayed.weight = total, weight
+        self._verify.sums = verify
+        self.last_choice = max(0, min(last_choice, self.max_k))
+
     def observe(self, timing: RoundTiming) -> None:
         if timing.k > 0:
             # tested positions: every accepted one, plus the first rejected one if any

@@ -174,7 +174,8 @@ class Speculator:
             self._client.send_verify(request)
             ahead_room = min(k, remaining - len(draft) - 2)  # the next round's block, if all goes well
             if prompt_round and self.pipeline:  # the block after the first token, drafted while it comes
-                ahead_room = min(self.controller.last_choice, self._client.welcome.max_draft, remaining - 2)
+                ahead_room = min(self.controller.last_choice, self.controller.max_k, self._client.welcome.max_draft,
+                                 remaining - 2)
                 if ahead_room > 0:
                     self._draft_ahead(history, ahead_room, stats)
                 else:

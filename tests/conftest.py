@@ -15,6 +15,12 @@ from models.tiny import TinyModels, build_tiny_models
 TINY_THREADS = 1
 
 
+@pytest.fixture(autouse=True)
+def fresh_adaptive_state(tmp_path, monkeypatch):
+    """Each test's clients (and the processes it starts) learn adaptive k from scratch, in a file of its own."""
+    monkeypatch.setenv("SPECWIRE_ADAPTIVE_STATE", str(tmp_path / "adaptive-k.json"))
+
+
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory) -> TinyModels:
     return build_tiny_models(tmp_path_factory.mktemp("tiny"), seed=0)

@@ -24,6 +24,7 @@ from app.chat.state import BusyError, Connection, EngineListener, LiveStats, Rep
 from app.chat.store import ChatLog, ChatStore, Committed, Note, ReplyEnded, SystemPrompt, UserMessage, now_iso
 from local_draft.chat_template import ChatTemplate, template_for
 from local_draft.draft_model import DraftModel, DraftModelError
+from local_draft.controller_memory import ControllerMemory
 from local_draft.speculator import Speculator
 from local_draft.verify_client import VerifyError
 from wire.protocol import SamplingParams
@@ -42,6 +43,7 @@ class ChatEngine:
         self.draft: DraftModel | None = None
         self.template: ChatTemplate | None = None
         self.speculator: Speculator | None = None  # owns k from start() on
+        self._memory: ControllerMemory | None = None  # where adaptive k's state is kept, once connected
         self.prompts: PromptTokens | None = None
         self.connection_to = ServiceConnection(settings, lambda: self.listener,
                                                lambda text: self.note(self.current_turn, text))
@@ -144,6 +146,9 @@ class ChatEngine:
 
     def _use_link(self, link) -> None:
         self.speculator.link = link
+        if self._memory is None:  # the first connection: adaptive k starts from the last chat's state
+            self._memory = ControllerMemory(link.url, self.draft.path.name, link.welcome.target)
+            self._memory.load_into(self.speculator.controller)
         max_draft = self.speculator.max_draft
         if self.k is not None and max_draft is not None and self.k > max_draft:
             self.listener.note(None, f"k = {self.k} is more than this service verifies a round: k = {max_draft}")
@@ -244,6 +249,8 @@ class ChatEngine:
             result = self.speculator.generate(prompt, max_new, rounds.commit, lambda: rounds.ended or should_stop())
             stop_reason = "eos" if rounds.ended else result.stop_reason
             stats = result.stats.as_dict()
+            if self._memory is not None:  # the next chat starts where this reply left adaptive k
+                self._memory.save(self.speculator.controller)
         except VerifyError as exc:
             self.note(turn, f"the service refused a round ({exc}): the reply stops here")
             if exc.fatal and self.link is not None:

@@ -100,3 +100,28 @@ def test_a_long_chat_leaves_out_its_oldest_turns_with_a_note_and_keeps_them_save
     assert all(len(context) <= 256 - 40 for context in contexts)
     saved = type(engine.conversation).load(engine.chat.path)
     assert len(saved.turns) == 4 and any("no longer fit" in note for turn in saved.turns for note in turn.reply.notes)
+
+
+def test_adaptive_k_is_kept_across_turns_and_chats(chat_settings, tiny_service):
+    """One controller serves every turn (its state grows from turn to turn) and is saved after each reply;
+    the next chat against the same service and pair starts from the saved state."""
+    import json
+
+    from local_draft.controller_memory import memory_path
+
+    engine, _ = _engine(chat_settings(server=tiny_service, max_tokens=24))
+    controller = engine.speculator.controller
+    try:
+        engine.reply("def quicksort(arr):", lambda: False)
+        after_first = controller.state()
+        engine.reply("and now in C", lambda: False)
+    finally:
+        engine.close()
+    assert engine.speculator.controller is controller and controller.state() != after_first
+    saved = json.loads(memory_path().read_text())
+    assert list(saved.values()) == [json.loads(json.dumps(controller.state()))]
+    again, _ = _engine(chat_settings(server=tiny_service, max_tokens=24))
+    try:
+        assert again.speculator.controller.state() == list(saved.values())[0]
+    finally:
+        again.close()
