@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from app.bench.modes import MODES, MODES_BY_NAME
 from app.bench.prompts import PROMPTS
-from app.bench.report import render_checks, render_tables, summarize, write_json, write_plot
+from app.bench.report import PINNED, SHARED, render_checks, render_tables, summarize, write_json, write_plot
 from app.bench.runner import BenchConfig, count_runs, run_bench
 from app.generation_flags import add_sampling_arguments, sampling_params
 from app.model_paths import resolve_model
@@ -54,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--service-cpus", type=int, default=None,
                         help="cores pinned to the local service, the rest to the client, as if on two machines "
                              "(default: half; 0: no pinning, both share every core)")
+    parser.add_argument("--colocated", action="store_true",
+                        help="run every mode twice, as users run it (service and drafter share every core, "
+                             "threads by the thread plan: modes marked /shared) and pinned (/pinned), in one table")
     add_draft_threads_argument(parser)
     parser.add_argument("--out", help="folder for bench.json and bench.png (default: ./specwire-bench-TIME)")
 
@@ -78,7 +82,7 @@ def parse(args: argparse.Namespace, draft: str, target: str) -> BenchConfig:
                        jitter_ms=args.jitter_ms, modes=[MODES_BY_NAME[m] for m in args.modes.split(",")],
                        kinds=kinds, prompts_per_kind=args.prompts_per_kind, max_tokens=args.max_tokens,
                        params=sampling_params(args), seed=args.seed, service_cpus=args.service_cpus,
-                       draft_threads=args.draft_threads)
+                       draft_threads=args.draft_threads, colocated=args.colocated)
 
 
 def run(config: BenchConfig, out_dir: Path) -> dict:
@@ -87,7 +91,14 @@ def run(config: BenchConfig, out_dir: Path) -> dict:
     from app.progress import ProgressBar
 
     notes = []
-    runs = run_bench(config, ProgressBar(f"bench: {count_runs(config)} runs", unit="runs", scale=1))
+    if config.colocated:  # the shared layout first, then the pinned one; interleaving them would need two services
+        runs = []
+        for layout, service_cpus in ((SHARED, 0), (PINNED, config.service_cpus)):
+            layout_config = replace(config, service_cpus=service_cpus)
+            bar = ProgressBar(f"bench ({layout}): {count_runs(config)} runs", unit="runs", scale=1)
+            runs += [replace(run, mode=f"{run.mode}/{layout}") for run in run_bench(layout_config, bar)]
+    else:
+        runs = run_bench(config, ProgressBar(f"bench: {count_runs(config)} runs", unit="runs", scale=1))
     if any(mode.kind == "reference" for mode in config.modes):
         missing = reference_available()
         if missing:
@@ -99,7 +110,8 @@ def run(config: BenchConfig, out_dir: Path) -> dict:
         notes.append(f"the service was lost during the run: {lost} tokens were made offline, unverified")
     cells = summarize(runs)
     print(render_tables(cells, config.rtts_ms, config.kinds))
-    print(render_checks(cells, config.rtts_ms, config.kinds))
+    for layout in (SHARED, PINNED) if config.colocated else ("",):
+        print(render_checks(cells, config.rtts_ms, config.kinds, layout))
     for note in notes:
         print(f"note: {note}")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -109,7 +121,8 @@ def run(config: BenchConfig, out_dir: Path) -> dict:
                 "kinds": config.kinds, "prompts_per_kind": config.prompts_per_kind,
                 "max_tokens": config.max_tokens, "temperature": config.params.temperature,
                 "top_k": config.params.top_k, "top_p": config.params.top_p, "seed": config.seed,
-                "service_cpus": config.service_cpus, "draft_threads": config.draft_threads}
+                "service_cpus": config.service_cpus, "draft_threads": config.draft_threads,
+                "colocated": config.colocated}
     write_json(json_path, settings, runs, cells, notes)
     written = {"json": str(json_path)}
     if write_plot(plot_path, cells, config.rtts_ms, config.kinds):

@@ -18,6 +18,7 @@ log = logging.getLogger(__name__)
 
 ALL = "all"
 LOCAL_MODES = ("offline", "hf-assisted")  # no network: one measurement stands for every round trip
+SHARED, PINNED = "shared", "pinned"  # `--colocated`: mode names end in /shared or /pinned
 
 
 @dataclass
@@ -44,14 +45,14 @@ def summarize(runs: list[Run]) -> list[Cell]:
         for kind in (run.prompt_kind, ALL):
             groups.setdefault((run.mode, run.rtt_ms, kind), []).append(run)
     # greedy output does not depend on the round trip: any server-only run of a prompt will do
-    server_tokens = {(r.prompt_kind, r.prompt_index): r.token_ids for r in runs if r.mode == "server"}
+    server_tokens = {(r.prompt_kind, r.prompt_index): r.token_ids for r in runs if _base(r.mode) == "server"}
     cells = []
     for (mode, rtt, kind), group in sorted(groups.items(), key=lambda item: (_mode_order(item[0][0]), item[0][1:])):
         tokens = sum(r.tokens for r in group) or 1
         drafted = _sum_lists(r.drafted_per_position for r in group)
         accepted = _sum_lists(r.accepted_per_position for r in group)
         same = None
-        if server_tokens and mode != "server":
+        if server_tokens and _base(mode) != "server":
             same = sum(server_tokens.get((r.prompt_kind, r.prompt_index)) == r.token_ids for r in group)
         cells.append(Cell(
             mode=mode, rtt_ms=rtt, prompt_kind=kind, prompts=len(group), tokens=tokens,
@@ -77,24 +78,27 @@ def render_tables(cells: list[Cell], rtts_ms: list[float], kinds: list[str]) -> 
         out += ["", header, "-" * len(header)]
         for mode in _modes_in(rows):
             by_rtt = {c.rtt_ms: c for c in rows if c.mode == mode}
-            values = [by_rtt.get(rtt) or (by_rtt.get(0.0) if mode in LOCAL_MODES else None) for rtt in rtts_ms]
+            values = [by_rtt.get(rtt) or (by_rtt.get(0.0) if _base(mode) in LOCAL_MODES else None) for rtt in rtts_ms]
             out.append(f"{mode:28s}" + "".join(f"{v.tokens_per_s:10.1f}" if v else f"{'-':>10s}" for v in values))
-    header = (f"{'mode':12s} {'kind':6s} {'rtt ms':>6s} {'tok/s':>7s} {'ttft s':>7s} {'passes/tok':>10s} "
+    header = (f"{'mode':17s} {'kind':6s} {'rtt ms':>6s} {'tok/s':>7s} {'ttft s':>7s} {'passes/tok':>10s} "
               f"{'busy ms/tok':>11s} {'trips/tok':>9s} {'bytes/tok':>9s} {'same':>5s}  acceptance by draft position")
     out += ["", header, "-" * len(header)]
     for c in cells:
         same = "" if c.same_tokens_as_server is None else f"{c.same_tokens_as_server}/{c.prompts}"
         acceptance = " ".join(f"{a:.2f}" for a in c.acceptance_by_position[:16]) or "-"
-        out.append(f"{c.mode:12s} {c.prompt_kind:6s} {c.rtt_ms:6g} {c.tokens_per_s:7.1f} {c.first_token_s:7.2f} "
+        out.append(f"{c.mode:17s} {c.prompt_kind:6s} {c.rtt_ms:6g} {c.tokens_per_s:7.1f} {c.first_token_s:7.2f} "
                    f"{c.passes_per_token:10.3f} {c.busy_ms_per_token:11.1f} {c.round_trips_per_token:9.3f} "
                    f"{c.bytes_per_token:9.0f} {same:>5s}  {acceptance}")
     return "\n".join(out)
 
 
-def render_checks(cells: list[Cell], rtts_ms: list[float], kinds: list[str]) -> str:
-    """Adaptive k against the best fixed k, per kind and round trip (the project's speed targets)."""
-    index = {(c.mode, c.rtt_ms, c.prompt_kind): c for c in cells}
-    out = ["", "adaptive k against the best fixed k (k0, k2, k4, k8) in the same cell:"]
+def render_checks(cells: list[Cell], rtts_ms: list[float], kinds: list[str], layout: str = "") -> str:
+    """Adaptive k against the best fixed k, per kind and round trip (the project's speed targets);
+    with a layout, among the modes run in it (named MODE/layout)."""
+    suffix = f"/{layout}" if layout else ""
+    index = {(c.mode.removesuffix(suffix), c.rtt_ms, c.prompt_kind): c for c in cells if c.mode.endswith(suffix)}
+    out = ["", "adaptive k against the best fixed k (k0, k2, k4, k8) in the same cell"
+           + (f", {layout}:" if layout else ":")]
     for kind in kinds + [ALL]:
         for rtt in rtts_ms:
             fixed = [index[m, rtt, kind] for m in FIXED_K if (m, rtt, kind) in index]
@@ -142,9 +146,9 @@ def write_plot(path: Path, cells: list[Cell], rtts_ms: list[float], kinds: list[
         rows = [c for c in cells if c.prompt_kind == kind]
         for mode in _modes_in(rows):
             points = sorted((c.rtt_ms, c.tokens_per_s) for c in rows if c.mode == mode)
-            if mode in LOCAL_MODES:  # the same at every round trip
+            if _base(mode) in LOCAL_MODES:  # the same at every round trip
                 points = [(rtt, points[0][1]) for rtt in rtts_ms]
-            style = "--" if mode in LOCAL_MODES else "-"
+            style = "--" if _base(mode) in LOCAL_MODES else "-"
             axis.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=mode)
         axis.set_title(f"{kind} prompts")
         axis.set_xlabel("round-trip time (ms)")
@@ -167,8 +171,15 @@ def _sum_lists(lists) -> list[int]:
     return total
 
 
-def _mode_order(name: str) -> int:
-    return list(MODES_BY_NAME).index(name) if name in MODES_BY_NAME else len(MODES_BY_NAME)
+def _base(mode: str) -> str:
+    """A mode's name without its layout (`auto+ahead/shared` -> `auto+ahead`)."""
+    return mode.partition("/")[0]
+
+
+def _mode_order(name: str) -> tuple[int, str]:
+    """The modes' own order; a mode's /shared and /pinned runs side by side."""
+    base, _, layout = name.partition("/")
+    return (list(MODES_BY_NAME).index(base) if base in MODES_BY_NAME else len(MODES_BY_NAME)), layout
 
 
 def _modes_in(cells: list[Cell]) -> list[str]:

@@ -47,6 +47,7 @@ class BenchConfig:
     seed: int = 0
     service_cpus: int | None = None  # cores pinned to the service; None: half; 0: no pinning
     draft_threads: int = DRAFT_THREADS
+    colocated: bool = False  # run twice: every core shared (as users run it), then pinned
 
 
 def split_cores(service_cpus: int | None) -> tuple[set[int] | None, set[int] | None]:

@@ -51,3 +51,23 @@ def test_bench_refuses_bad_choices_clearly(tiny):
         done = subprocess.run([SPECWIRE, "bench", "--draft", str(tiny.draft), "--target", str(tiny.target), *flags],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and words in done.stderr, done.stderr
+
+
+def test_colocated_shows_the_shared_layout_beside_the_pinned_one(tiny, tmp_path):
+    """--colocated: each mode runs with every core shared and pinned, both in the one table, both exact."""
+    out = tmp_path / "bench"
+    done = subprocess.run(
+        [SPECWIRE, "bench", "--draft", str(tiny.draft), "--target", str(tiny.target_gguf), "--backend", "llamacpp",
+         "--rtt-ms", "0", "--modes", "server,k0,auto+ahead", "--kinds", "code", "--prompts-per-kind", "1",
+         "--max-tokens", "12", "--colocated", "--out", str(out)],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for mode in ("k0", "auto+ahead"):
+        for layout in ("shared", "pinned"):
+            assert f"\n{mode}/{layout} " in done.stdout, (mode, layout)
+    assert "in the same cell, shared:" in done.stdout and "in the same cell, pinned:" in done.stdout
+    report = json.loads((out / "bench.json").read_text())
+    assert report["config"]["colocated"] is True
+    cells = {(c["mode"], c["prompt_kind"]): c for c in report["summary"]}
+    for layout in ("shared", "pinned"):
+        assert cells[f"auto+ahead/{layout}", "all"]["same_tokens_as_server"] == 1
