@@ -2,8 +2,10 @@
 
 Fetches the default pair if it is missing (or builds the tiny models with --tiny), starts
 a verification service on 127.0.0.1 in a child process, generates each demo prompt
-greedily with the target alone (k = 0) and with speculation, and shows that the tokens are
-identical and what speculation saved: rounds (target passes and round trips) per token.
+greedily with the target alone (k = 0) and with speculation (by default as `generate` and
+the chat do it: adaptive k, drafting ahead, one controller learning across the prompts and
+starting from what it learned last time), and shows that the tokens are identical and what
+speculation saved: rounds (target passes and round trips) per token.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from app.generation_flags import k_flag
 from app.threads_flags import add_draft_threads_argument
 from app.user_error import UserError
 from wire.threads import DRAFT_THREADS, shared_service_threads
@@ -25,7 +28,8 @@ DEMO_PROMPTS = ["def quicksort(arr):", CHAT.format("What does a Python decorator
 
 def register(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser("demo", help="run the whole pipeline on this machine, target alone vs speculation")
-    demo.add_argument("--k", type=int, default=4)
+    demo.add_argument("--k", type=k_flag, default=None, metavar="N|auto",
+                      help="draft tokens per round of the speculative runs (default: auto, drafting ahead)")
     demo.add_argument("--max-tokens", type=int, default=64)
     demo.add_argument("--tiny", action="store_true", help="tiny random models instead of the default pair")
     add_draft_threads_argument(demo)  # the service gets the physical cores left
@@ -87,7 +91,8 @@ def explain_divergence(target_path: Path, context: list[int], alone: list[int], 
     return f"NO: differs at token {at} (logit gap {gap:.2f}, no near-tie)"
 
 
-def run_demo(k: int, max_tokens: int, tiny: bool, draft_threads: int = DRAFT_THREADS) -> int:
+def run_demo(k: int | None, max_tokens: int, tiny: bool, draft_threads: int = DRAFT_THREADS) -> int:
+    from local_draft.controller_memory import ControllerMemory
     from local_draft.draft_model import DraftModel
     from local_draft.speculator import Speculator
     from local_draft.verify_client import VerifyClient
@@ -102,25 +107,30 @@ def run_demo(k: int, max_tokens: int, tiny: bool, draft_threads: int = DRAFT_THR
         draft = DraftModel(draft_path, n_threads=draft_threads)
         params = SamplingParams()  # greedy: output must equal the target's token for token
         client = VerifyClient(url, draft.hello(params, client="specwire demo"))
-        header = f"{'prompt':28s} {'mode':5s} {'tokens':>6s} {'rounds':>6s} {'accept':>7s} {'tok/round':>9s} {'tok/s':>7s}"
+        speculative = Speculator(draft, client, params, k=k, pipeline=k is None)
+        memory = ControllerMemory(url, draft.path.name, client.welcome.target)
+        memory.load_into(speculative.controller)
+        k_label = "auto" if k is None else str(k)
+        header = f"{'prompt':28s} {'mode':6s} {'tokens':>6s} {'rounds':>6s} {'accept':>7s} {'tok/round':>9s} {'tok/s':>7s}"
         print(header + "  same tokens\n" + "-" * (len(header) + 13))
         near_ties = False
         for prompt in DEMO_PROMPTS:
             ids = draft.tokenize(prompt)
             alone = Speculator(draft, client, params, k=0).generate(ids, max_tokens)
-            hybrid = Speculator(draft, client, params, k=k).generate(ids, max_tokens)
+            hybrid = speculative.generate(ids, max_tokens)
             label = prompt.replace("<|im_start|>user\n", "[chat] ").splitlines()[0][:28]
             verdict = "yes"
             if hybrid.token_ids != alone.token_ids:
                 verdict = explain_divergence(target_path, ids, alone.token_ids, hybrid.token_ids)
                 near_ties = near_ties or verdict.startswith("near-tie")
-            for mode, result in (("k=0", alone), (f"k={k}", hybrid)):
+            for mode, result in (("k=0", alone), (f"k={k_label}", hybrid)):
                 s = result.stats
                 same = verdict if result is hybrid else ""
-                print(f"{label:28s} {mode:5s} {s.generated:6d} {s.rounds:6d} {s.acceptance_rate:7.2f} "
+                print(f"{label:28s} {mode:6s} {s.generated:6d} {s.rounds:6d} {s.acceptance_rate:7.2f} "
                       f"{s.tokens_per_round:9.2f} {s.tokens_per_s:7.1f}  {same}")
             text = b"".join(draft.token_bytes(t) for t in hybrid.token_ids).decode("utf-8", "replace")
             print(f"    -> {text[:150]!r}")
+        memory.save(speculative.controller)
         client.close()
         if near_ties:
             print("\nA near-tie is a position where the target's two best tokens score almost alike; llama.cpp\n"
