@@ -9,7 +9,9 @@ k is fixed, or chosen each round by `AdaptiveK` (k=None) from measured acceptanc
 costs. With adaptive k the first round of a generation drafts nothing: the service reads
 the prompt and answers its first token after one round trip, while the drafter reads the
 prompt too (and, drafting ahead, guesses that token and drafts the block after it), so the
-user sees the first token as soon as with k = 0 and speculation starts on the second round. With `pipeline=True` the loop drafts ahead while a verdict is in flight: it guesses
+user sees the first token as soon as with k = 0 and speculation starts on the second round.
+
+With `pipeline=True` the loop drafts ahead while a verdict is in flight: it guesses
 the bonus token (the draft's own argmax) and drafts the next block after it; the block is
 used only if the verdict accepted the whole current block and its token is the guess, so
 the committed text is the same as without drafting ahead.
