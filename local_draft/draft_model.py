@@ -28,6 +28,9 @@ from wire.sampling import sample, truncate, warp  # noqa: E402
 log = logging.getLogger(__name__)
 
 WIRE_TOP_K_CAP = 64  # draft distributions travel as their 64 most likely tokens at most
+# A catch-up that may be cut short (while a verdict is in flight) runs in pieces this long,
+# so that a prompt's prefill delays the verdict by at most one piece.
+CATCH_UP_PIECE = 8
 
 
 class DraftModelError(RuntimeError):
@@ -130,15 +133,17 @@ class DraftModel:
         return self._draft(k, params, rng, cap, should_stop)
 
     def draft_ahead(self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator,
-                    should_stop: Callable[[], bool]) -> tuple[int, list[int], list[SparseDist]]:
+                    should_stop: Callable[[], bool]) -> tuple[int | None, list[int], list[SparseDist]]:
         """Guess the token after `context` (the draft's argmax), then draft up to k tokens after it.
 
         Used while a verdict is in flight: the guess stands for the service's bonus token,
         and the block after it is used only if the guess turns out right. Returns
-        (guess, tokens, dists); fewer than k tokens when `should_stop` ended it early.
+        (guess, tokens, dists); fewer than k tokens when `should_stop` ended it early, and no
+        guess (None) when it ended before the cache held `context` (a long prompt's prefill).
         """
         self._check_room(context, k + 1)
-        self._catch_up(context)
+        if not self._catch_up(context, should_stop):
+            return None, [], []
         guess = int(np.argmax(self._last_logits()))
         if k == 0 or guess in self.end_ids or should_stop():
             return guess, [], []
@@ -172,22 +177,25 @@ class DraftModel:
             raise DraftModelError(
                 f"context full: {len(context)} tokens + {k} drafted exceeds the draft context of {self.n_ctx}")
 
-    def keep_up(self, context: Sequence[int]) -> None:
+    def keep_up(self, context: Sequence[int], should_stop: Callable[[], bool] | None = None) -> None:
         """Evaluate what of `context` the cache lacks, so a later block starts without a catch-up.
 
         For rounds that draft nothing: run while their verdict is in flight, it costs no
         waiting, whereas the catch-up of many such rounds before the next block is time the
-        user waits for.
+        user waits for. `should_stop` may end it early; what was evaluated stays cached.
         """
         self._check_room(context, 0)
-        self._catch_up(context)
+        self._catch_up(context, should_stop)
 
     def rollback(self, n_keep: int) -> None:
         """Forget every cached position from n_keep on (the next eval overwrites them)."""
         self._llama.n_tokens = min(n_keep, self._llama.n_tokens)
 
-    def _catch_up(self, context: Sequence[int]) -> None:
-        """Make the cache hold exactly `context`, evaluating at least its last token."""
+    def _catch_up(self, context: Sequence[int], should_stop: Callable[[], bool] | None = None) -> bool:
+        """Make the cache hold exactly `context`, evaluating at least its last token.
+
+        With `should_stop`, evaluates in pieces and returns False as soon as it says stop
+        (the cache then holds a prefix of `context`, which the next catch-up reuses)."""
         if not context:
             raise DraftModelError("empty context: drafting needs at least one token (the prompt or BOS)")
         cached = self._llama.input_ids[: self._llama.n_tokens]
@@ -197,8 +205,16 @@ class DraftModel:
             common += 1
         common = min(common, len(context) - 1)  # the last token is re-run for its logits
         self.rollback(common)
-        self._llama.eval(list(context[common:]))
-        self.last_catch_up = len(context) - common
+        pending = list(context[common:])
+        self.last_catch_up = len(pending)
+        if should_stop is None:
+            self._llama.eval(pending)
+            return True
+        for start in range(0, len(pending), CATCH_UP_PIECE):
+            if should_stop():
+                return False
+            self._llama.eval(pending[start:start + CATCH_UP_PIECE])
+        return True
 
     def _last_logits(self) -> np.ndarray:
         """Logits (V,) of the last evaluated position, copied out of llama.cpp's buffer."""

@@ -239,7 +239,7 @@ class Speculator:
             return
         stats.ahead_s += time.perf_counter() - started
         stats.ahead_drafted += len(tokens)
-        self._ahead = DraftedAhead(context + [guess], tokens, dists) if tokens else None
+        self._ahead = DraftedAhead(context + [guess], tokens, dists) if tokens and guess is not None else None
 
     def _keep_drafter_up(self, history: list[int]) -> None:
         """Adaptive k chose k = 0: feed the drafter this round's context while the verdict flies.
@@ -250,7 +250,7 @@ class Speculator:
         if self._client.reply_ready():
             return  # a fast service: the catch-up would only delay reading the verdict
         try:
-            self.draft.keep_up(history)
+            self.draft.keep_up(history, should_stop=self._client.reply_ready)  # never delays the verdict
         except DraftModelError:  # no room left in the draft's context: the verdict still comes
             pass
 

@@ -54,3 +54,21 @@ def test_keep_up_evaluates_only_what_the_cache_lacks(close_draft):
     close_draft.keep_up(ids + [5, 6])
     assert close_draft.evaluated == ids + [5, 6]
     assert close_draft.last_catch_up == 2
+
+
+def test_a_catch_up_cut_short_keeps_what_it_evaluated(close_draft):
+    """While a verdict is in flight a long catch-up runs in pieces and stops when told: the cache keeps
+    the pieces done, the next catch-up evaluates only the rest, and drafting ahead makes no guess."""
+    from local_draft.draft_model import CATCH_UP_PIECE
+
+    ids = close_draft.tokenize("def moving_average(x, window):\n    return [sum(x[i:i + window]) / window "
+                               "for i in range(len(x) - window + 1)]")
+    assert len(ids) > 2 * CATCH_UP_PIECE
+    close_draft.rollback(0)
+    answers = iter([False, True])
+    close_draft.keep_up(ids, should_stop=lambda: next(answers))
+    assert close_draft.evaluated == ids[:CATCH_UP_PIECE]
+    close_draft.rollback(0)
+    assert close_draft.draft_ahead(ids, 4, SamplingParams(), np.random.default_rng(0), lambda: True) == (None, [], [])
+    close_draft.keep_up(ids)
+    assert close_draft.evaluated == ids and close_draft.last_catch_up == len(ids)
