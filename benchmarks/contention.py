@@ -34,7 +34,7 @@ PROBE_BLOCKS = 5
 
 
 def settings() -> dict[str, dict]:
-    """name -> (drafter threads, service threads, environment overrides)."""
+    """name -> {"draft": drafter threads, "service": service threads, "env": environment overrides}."""
     from wire.threads import DRAFT_THREADS, shared_service_threads, usable_cpus
 
     logical = len(usable_cpus())
