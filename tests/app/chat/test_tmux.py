@@ -133,7 +133,9 @@ def test_the_real_chat_in_tmux_answers_goes_offline_resumes_and_leaves_no_servic
     tmux("send-keys", "-t", "first", "def quicksort(arr):", "Enter")
     screen = tmux.wait_for("first", r"400 tokens: \d+ draft, \d+ target ·")
     assert "You" in screen and "def quicksort(arr):" in screen and "Assistant" in screen
-    _shows(r"hybrid │ ● embedded service │ rtt \d+ ms │ k auto \(\d\) │ accept \d+% │ tok/round [\d.]+", screen)
+    # "(N)": the latest round's draft length, not shown when it drafted nothing (a reply's last
+    # token, or a round at k = 0)
+    _shows(r"hybrid │ ● embedded service │ rtt \d+ ms │ k auto( \(\d+\))? │ accept \d+% │ tok/round [\d.]+", screen)
     assert "■ draft  ■ target  ■ unverified" in screen
     coloured = tmux.screen("first", colours=True)
     assert "\x1b[1m" in coloured and coloured.count("\x1b[38;") > 10  # bold target tokens, coloured text
