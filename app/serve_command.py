@@ -38,6 +38,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=int, default=int(env("SPECWIRE_PORT", "8765")), help="0 picks a free port")
     serve.add_argument("--token-file", default=env("SPECWIRE_TOKEN_FILE"),
                        help="file holding the bearer token clients must send")
+    serve.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
+                       help="score a verified block with the bits of its tokens decoded one at a time, so "
+                       "greedy output equals the target alone even at near-ties (default: on for llamacpp, "
+                       "whose invariant kernels cost a share of each pass; off for torch, where it means "
+                       "one pass per token; onnx has no such mode)")
     serve.add_argument("--max-draft", type=int, default=32, help="longest draft block per round (default: %(default)s)")
     serve.add_argument("--max-context", type=int, default=4096,
                        help="longest history per session (default: %(default)s)")
@@ -117,7 +122,8 @@ def run_serve(args: argparse.Namespace) -> int:
     config = ServiceConfig(host=args.host, port=args.port, token=token, tls=tls,
                            limits=SessionLimits(max_draft=args.max_draft, max_context=args.max_context),
                            service_limits=limits)
-    service = VerifyService(lambda: load_backend(args.backend, target, device=args.device), config)
+    service = VerifyService(lambda: load_backend(args.backend, target, device=args.device,
+                                                     batch_invariant=args.batch_invariant), config)
 
     def announce(url: str) -> None:
         print(f"listening on {url}", flush=True)
