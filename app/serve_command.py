@@ -80,7 +80,7 @@ def add_service_arguments(serve: argparse.ArgumentParser) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     from remote_verify.access import exposure_problem, is_loopback, server_tls_context
     from remote_verify.backends import load_backend
-    from remote_verify.logs import use_json_logs
+    from remote_verify.logs import escape_log_messages, use_json_logs
     from remote_verify.server import ServiceConfig, TargetLoadError, VerifyService
     from remote_verify.session import SessionLimits
 
@@ -90,6 +90,7 @@ def run_serve(args: argparse.Namespace) -> int:
         exit_with_parent()
     if args.log_format == "json":
         use_json_logs()
+    escape_log_messages()  # a client's text never starts a line of its own in the log
     token = read_token_file(args.token_file)
     problem = exposure_problem(args.host, token, args.insecure_no_auth)
     if problem:

@@ -68,16 +68,24 @@ def pin_to_one_cpu() -> None:
 
 
 class TimedClient(VerifyClient):
-    """A client that keeps, per round, (round trip, time queued, service time)."""
+    """A client that keeps, per round, (round trip, time queued, service time).
+
+    The speculator sends a round and receives its verdict in two calls (it may draft in
+    between), so a round is timed from its send to its verdict.
+    """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.samples: list[tuple[float, float, float]] = []
+        self._sent = 0.0
 
-    def verify(self, request: Verify):
-        started = time.perf_counter()
-        verdict = super().verify(request)
-        self.samples.append((time.perf_counter() - started, verdict.queue_s, verdict.forward_s + verdict.accept_s))
+    def send_verify(self, request: Verify) -> None:
+        self._sent = time.perf_counter()
+        super().send_verify(request)
+
+    def receive_verdict(self):
+        verdict = super().receive_verdict()
+        self.samples.append((time.perf_counter() - self._sent, verdict.queue_s, verdict.forward_s + verdict.accept_s))
         return verdict
 
 

@@ -4,16 +4,32 @@ The service answers every frame. Undecodable bytes, a message type it does not k
 a field of the wrong type are each told apart, so that the client's author reads what to
 fix. A Hello is checked further here (sampling parameters, seed, vocabulary) before a
 session is built from it.
+
+Reading a frame costs at most a pass over its bytes, whatever they hold: the decoder is
+built once per service with every list bounded (remote_verify/bounded_messages.py), a list
+over its bound is refused from its length header, and a refused frame is never decoded
+again to classify it (that is done from the decoder's error, or by reading the type tag
+alone, skipping the rest). A frame's cost against its connection's rate limit grows with
+its size (`frame_cost`), so a client sending large frames pays for them itself.
 """
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 
-from wire.protocol import ClientMessage, Hello, decode_client_message
+from remote_verify.bounded_messages import bounded_client_message
+from wire.protocol import ClientMessage, Hello
 from wire.randomness import seed_problem
 
 CLIENT_TYPES = ("hello", "verify", "sync", "generate", "cancel")
+BYTES_PER_REQUEST = 4096  # a frame counts as one request against the rate limit per 4 KiB started
+
+# msgspec's words for a list over its bound, and for the fields whose bound is a service limit
+_OVER_LENGTH = re.compile(r"Expected `array` of length <= (\d+) - at `\$\.(\w+)(.*)`")
+_HISTORY_FIELDS = ("append", "tokens")
+_DRAFT_FIELDS = ("draft", "draft_dists")
 
 
 class BadFrame(Exception):
@@ -23,33 +39,71 @@ class BadFrame(Exception):
         self.message = message
 
 
-def read_client_frame(frame: bytes | str) -> ClientMessage:
-    """Decode one client frame; raises BadFrame with a code and a sentence."""
-    if isinstance(frame, str):
-        raise BadFrame("bad_frame", "text frames are not part of the protocol: send binary msgpack frames")
-    try:
-        return decode_client_message(frame)
-    except msgspec.ValidationError as exc:
-        kind = _message_type(frame)
-        if kind is None:
-            raise BadFrame("bad_frame", f"a message must be a msgpack map with a 'type' field: {exc}") from exc
-        if kind not in CLIENT_TYPES:
-            raise BadFrame("unknown_message", f"unknown message type {repr(kind)[:60]}: send one of "
-                           f"{', '.join(CLIENT_TYPES)}") from exc
-        raise BadFrame("bad_field", f"invalid {kind} message: {exc}") from exc
-    except (msgspec.DecodeError, ValueError) as exc:  # ValueError: invalid UTF-8 in a string, among others
-        raise BadFrame("bad_frame", f"could not decode the frame as msgpack: {exc}") from exc
+class _TypeTag(msgspec.Struct):
+    """Only a frame's `type`: every other field is skipped over, never built."""
+
+    type: msgspec.Raw = msgspec.Raw()
 
 
-def _message_type(frame: bytes) -> object | None:
-    """The 'type' of a frame that is a msgpack map with one, else None (only on the error path)."""
+_type_tag_decoder = msgspec.msgpack.Decoder(_TypeTag)
+
+
+def frame_cost(frame: bytes | str) -> int:
+    """How many requests a frame counts as against the rate limit: one per 4 KiB started."""
+    return 1 + (len(frame) - 1) // BYTES_PER_REQUEST if frame else 1
+
+
+class FrameReader:
+    """Decodes a service's client frames within its limits; built once, when the limits are known."""
+
+    def __init__(self, max_context: int, max_draft: int):
+        self.max_context = max_context
+        self.max_draft = max_draft
+        self._decoder = msgspec.msgpack.Decoder(bounded_client_message(max_context, max_draft))
+
+    def read(self, frame: bytes | str) -> ClientMessage:
+        """Decode one client frame; raises BadFrame with a code and a sentence."""
+        if isinstance(frame, str):
+            raise BadFrame("bad_frame", "text frames are not part of the protocol: send binary msgpack frames")
+        try:
+            return self._decoder.decode(frame)
+        except msgspec.ValidationError as exc:
+            raise self._refusal(frame, str(exc)) from None  # no traceback kept: it would hold the frame
+        except (msgspec.DecodeError, ValueError) as exc:  # ValueError: invalid UTF-8 in a string, among others
+            raise BadFrame("bad_frame", f"could not decode the frame as msgpack: {exc}") from None
+
+    def _refusal(self, frame: bytes, error: str) -> BadFrame:
+        """What a frame the typed decoder refused is, from its error (and at most its type tag)."""
+        if error.startswith("Expected `object`") or error == "Object missing required field `type`":
+            return BadFrame("bad_frame", f"a message must be a msgpack map with a 'type' field: {error}")
+        if error.endswith("- at `$.type`"):
+            return BadFrame("unknown_message", f"unknown message type ({error}): send one of "
+                            f"{', '.join(CLIENT_TYPES)}")
+        over = _OVER_LENGTH.fullmatch(error)
+        if over:
+            return self._over_length(int(over.group(1)), over.group(2), over.group(3))
+        return BadFrame("bad_field", f"invalid {_type_of(frame)} message: {error}")
+
+    def _over_length(self, bound: int, field: str, rest: str) -> BadFrame:
+        if field in _HISTORY_FIELDS and not rest:
+            return BadFrame("context_full", f"{field} of more than {bound} tokens exceeds the context limit of "
+                            f"{self.max_context}")
+        if field in _DRAFT_FIELDS and not rest:
+            return BadFrame("draft_too_long", f"{field} of more than {bound} entries exceeds the limit of "
+                            f"{self.max_draft} draft tokens")
+        if field == "draft_dists":
+            return BadFrame("bad_dists", f"a draft distribution at {field}{rest} has more than {bound} ids")
+        return BadFrame("bad_request", f"{field} holds more than {bound} entries: send at most {bound}")
+
+
+def _type_of(frame: bytes) -> str:
+    """The type tag of a frame the typed decoder got past (so a known one), or "client"."""
     try:
-        raw = msgspec.msgpack.decode(frame)
-    except (msgspec.DecodeError, ValueError):  # ValueError: invalid UTF-8 in a string
-        return None
-    if isinstance(raw, dict) and "type" in raw:
-        return raw["type"]
-    return None
+        raw = _type_tag_decoder.decode(frame).type
+        tag = msgspec.msgpack.decode(raw) if 0 < len(raw) <= 16 else None  # the longest known tag is 9 bytes
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
+        return "client"
+    return tag if tag in CLIENT_TYPES else "client"
 
 
 def hello_problems(hello: Hello) -> list[str]:

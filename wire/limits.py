@@ -45,3 +45,11 @@ class ServiceLimits:
         if not self.drain_timeout_s >= 0:
             found.append(f"--drain-timeout must be 0 seconds or more, got {self.drain_timeout_s}")
         return found
+
+
+# Bounds on the lists of one request that no service setting changes. A service refuses a
+# longer list while decoding, from the list's length header, before it builds a single
+# element (remote_verify/bounded_messages.py); the lists that grow with the context or the
+# draft are bounded by --max-context and --max-draft instead.
+MAX_DIST_TOKENS = 1024  # ids in one draft distribution (specwire's drafter sends at most 64)
+MAX_STOP_IDS = 256  # stop_ids of one Generate (a chat template has a handful of end tokens)
