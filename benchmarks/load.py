@@ -127,8 +127,8 @@ class Service:
     def __init__(self, target: Path, backend: str, max_sessions: int, pinned: bool = False):
         self.process = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "serve", "--target", str(target), "--backend", backend,
-             "--port", "0", "--max-sessions", str(max_sessions)],
-            stdout=subprocess.PIPE, text=True, preexec_fn=pin_to_one_cpu if pinned else None)
+             "--port", "0", "--max-sessions", str(max_sessions), "--exit-with-parent"],  # gone when we are
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=pin_to_one_cpu if pinned else None)
         line = self.process.stdout.readline()
         if not line.startswith("listening on "):
             self.process.kill()
