@@ -68,7 +68,7 @@ class FrameReader:
         try:
             return self._decoder.decode(frame)
         except msgspec.ValidationError as exc:
-            raise self._refusal(frame, str(exc)) from None  # no traceback kept: it would hold the frame
+            raise self._refusal(frame, str(exc)) from None  # the decoder's words are in the message
         except (msgspec.DecodeError, ValueError) as exc:  # ValueError: invalid UTF-8 in a string, among others
             raise BadFrame("bad_frame", f"could not decode the frame as msgpack: {exc}") from None
 
@@ -86,10 +86,10 @@ class FrameReader:
 
     def _over_length(self, bound: int, field: str, rest: str) -> BadFrame:
         if field in _HISTORY_FIELDS and not rest:
-            return BadFrame("context_full", f"{field} of more than {bound} tokens exceeds the context limit of "
+            return BadFrame("context_full", f"{field}: more than {bound} tokens, over the context limit of "
                             f"{self.max_context}")
         if field in _DRAFT_FIELDS and not rest:
-            return BadFrame("draft_too_long", f"{field} of more than {bound} entries exceeds the limit of "
+            return BadFrame("draft_too_long", f"{field}: more than {bound} entries, over the limit of "
                             f"{self.max_draft} draft tokens")
         if field == "draft_dists":
             return BadFrame("bad_dists", f"a draft distribution at {field}{rest} has more than {bound} ids")

@@ -297,7 +297,8 @@ class VerifyService:
         wait_s = bucket.take(frame_cost(frame))  # a large frame costs its sender more of its budget
         if wait_s > 0:
             return Error("rate_limited", f"more than {self.guard.rate_per_s:g} requests a second (burst "
-                         f"{self.guard.rate_burst}) on this connection: send it again in {wait_s:.3f} s",
+                         f"{self.guard.rate_burst}; a frame counts one per 4 KiB) on this connection: send it "
+                         f"again in {wait_s:.3f} s",
                          retry_after_s=wait_s)
         try:
             message = self.frames.read(frame)
