@@ -64,9 +64,10 @@ def add_service_arguments(serve: argparse.ArgumentParser) -> None:
     limits.add_argument("--max-sessions", type=int, default=DEFAULTS.max_sessions,
                         help="concurrent sessions; more get HTTP 503 with Retry-After (default: %(default)s)")
     limits.add_argument("--idle-timeout", type=float, default=DEFAULTS.idle_timeout_s, metavar="SECONDS",
-                        help="close a session silent this long (default: %(default)s)")
+                        help="close a session when neither side has sent a frame for this long (default: %(default)s)")
     limits.add_argument("--rate", type=float, default=DEFAULTS.rate_per_s, metavar="PER_SECOND",
-                        help="requests a second per connection, sustained (default: %(default)s)")
+                        help="requests a second per connection, sustained; a frame counts one per 4 KiB "
+                        "(default: %(default)s)")
     limits.add_argument("--rate-burst", type=int, default=DEFAULTS.rate_burst,
                         help="requests per connection in a burst (default: %(default)s)")
     limits.add_argument("--retry-after", type=float, default=DEFAULTS.retry_after_s, metavar="SECONDS",

@@ -31,11 +31,10 @@ from pathlib import Path
 
 import msgspec
 
-from benchmarks.load import (
-    MIB, PROMPTS, Service, hello_for, percentiles, reference_continuations, run_wave, wait_until_closed,
-)
-from local_draft.draft_model import DraftModel
 from wire.protocol import SUBPROTOCOL, Sync, encode
+
+# The attackers' processes import this module afresh (spawn): what the honest side needs
+# (llama.cpp among it) is imported in run(), so that an attacker starts in a moment.
 
 STALL_FRAME = {"type": "sync", "seq": "x", "tokens": [[]] * 1048000}
 PIPELINED = 12
@@ -84,6 +83,8 @@ def start_attackers(url: str, hello: bytes, shape: str, connections: int, proces
 
 
 def honest_summary(results, wall_s: float) -> dict:
+    from benchmarks.load import percentiles
+
     round_trips = [sample[0] for result in results for sample in result.samples]
     summary = {f"{name}_ms": value * 1000 for name, value in percentiles(round_trips, (50, 99)).items()}
     summary["worst_ms"] = max(round_trips, default=0.0) * 1000
@@ -96,6 +97,11 @@ def honest_summary(results, wall_s: float) -> dict:
 
 def run(target: Path, draft_path: Path, sessions: int, rounds: int, attackers: int, memory_connections: int,
         k: int = 4, max_tokens: int = 48) -> dict:
+    from benchmarks.load import (
+        MIB, PROMPTS, Service, hello_for, reference_continuations, run_wave, wait_until_closed,
+    )
+    from local_draft.draft_model import DraftModel
+
     service = Service(target, "llamacpp", max_sessions=max(sessions + attackers, memory_connections), pinned=True)
     report: dict = {"sessions": sessions, "attackers": attackers, "memory_connections": memory_connections}
     try:
@@ -111,7 +117,9 @@ def run(target: Path, draft_path: Path, sessions: int, rounds: int, attackers: i
         wait_until_closed(service)
 
         workers, stop, sent = start_attackers(service.url, hello, "stall", attackers, attackers, 1)
-        time.sleep(2.0)  # connected and sending
+        deadline = time.monotonic() + 60
+        while sent.value < attackers and time.monotonic() < deadline:  # connected and sending
+            time.sleep(0.05)
         results, wall = run_wave(service.url, draft_path, prompts, references, sessions, rounds, k, max_tokens)
         stop.set()
         for worker in workers:

@@ -20,7 +20,7 @@ class ServiceLimits:
     # Each session owns a KV cache sized for the whole context (llama.cpp allocates it at
     # once): the session count is what bounds the service's memory.
     max_sessions: int = 32
-    idle_timeout_s: float = 300.0  # a session silent this long is closed; its client resyncs
+    idle_timeout_s: float = 300.0  # a session silent this long, both ways, is closed; its client resyncs
     # Requests per second per connection, sustained and in a burst. A client sends one
     # request per round (two after a new turn: Sync, Verify). Target-only decoding (k = 0) of
     # a small model on a GPU makes a few hundred rounds a second: the limit is for floods.
