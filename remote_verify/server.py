@@ -59,9 +59,10 @@ from remote_verify.server_only import ServerOnlyStream
 log = logging.getLogger(__name__)
 
 TargetLoader = Callable[[], TargetBackend]
-# Frames read ahead per connection while one is answered: a client waits for each reply (a
-# Cancel may cross a stream), so a few are enough, and each may be max_frame_bytes.
-FRAMES_BUFFERED = 4
+# Frames read ahead per connection while one is answered: a client waits for each reply, so
+# two are enough (a Cancel may cross a request), and each may be max_frame_bytes: this bounds
+# what a connection that pipelines can make the service hold.
+FRAMES_BUFFERED = 2
 
 
 @dataclass(frozen=True)
