@@ -25,6 +25,7 @@ from wire.randomness import seed_problem
 
 CLIENT_TYPES = ("hello", "verify", "sync", "generate", "cancel")
 BYTES_PER_REQUEST = 4096  # a frame counts as one request against the rate limit per 4 KiB started
+MAX_QUOTED = 200  # characters of the decoder's error quoted in a refusal
 
 # msgspec's words for a list over its bound, and for the fields whose bound is a service limit
 _OVER_LENGTH = re.compile(r"Expected `array` of length <= (\d+) - at `\$\.(\w+)(.*)`")
@@ -65,14 +66,18 @@ class FrameReader:
 
     def _refusal(self, frame: bytes, error: str) -> BadFrame:
         """What a frame the typed decoder refused is, from its error (and at most its type tag)."""
-        if error.startswith("Expected `object`") or error == "Object missing required field `type`":
-            return BadFrame("bad_frame", f"a message must be a msgpack map with a 'type' field: {error}")
-        if error.endswith("- at `$.type`"):
-            return BadFrame("unknown_message", f"unknown message type ({error}): send one of "
-                            f"{', '.join(CLIENT_TYPES)}")
         over = _OVER_LENGTH.fullmatch(error)
         if over:
             return self._over_length(int(over.group(1)), over.group(2), over.group(3))
+        not_a_map = error.startswith("Expected `object`") or error == "Object missing required field `type`"
+        unknown_type = error.endswith("- at `$.type`")
+        if len(error) > MAX_QUOTED:  # it quotes the client's value, which may be a megabyte long
+            error = error[:MAX_QUOTED] + "..."
+        if not_a_map:
+            return BadFrame("bad_frame", f"a message must be a msgpack map with a 'type' field: {error}")
+        if unknown_type:
+            return BadFrame("unknown_message", f"unknown message type ({error}): send one of "
+                            f"{', '.join(CLIENT_TYPES)}")
         return BadFrame("bad_field", f"invalid {_type_of(frame)} message: {error}")
 
     def _over_length(self, bound: int, field: str, rest: str) -> BadFrame:

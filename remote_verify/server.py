@@ -412,7 +412,7 @@ class VerifyService:
             session.close()  # the worker has stopped: nothing else touches the model now
 
     async def _refuse(self, ws: ServerConnection, close_code: int, code: str, message: str) -> None:
-        log.info("refused a session: %s", printable(message))  # it may quote what the client sent
+        log.info("refused a session: %s", printable(message, 500))  # it may quote what the client sent
         self.metrics.refusals.labels(code).inc()
         try:
             await ws.send(encode(Error(code, message, fatal=True)))

@@ -67,6 +67,9 @@ def test_refusals_are_told_apart(reader):
     with pytest.raises(BadFrame) as refused:
         reader.read(msgspec.msgpack.encode({"type": "sync", "seq": "x", "tokens": []}))
     assert refused.value.message.startswith("invalid sync message")
+    with pytest.raises(BadFrame) as refused:  # a megabyte of type is quoted, cut short
+        reader.read(msgspec.msgpack.encode({"type": "x" * MIB}))
+    assert refused.value.code == "unknown_message" and len(refused.value.message) < 400
 
 
 def test_frames_within_the_bounds_decode_to_the_wire_types(reader):
