@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.attack [--sessions 32] [--rounds 20] [--attackers 4]
                                           [--memory-connections 32] [--json]
+    .venv/bin/python -m benchmarks.load --attack 4 ...      (the same, from the load benchmark)
 
 Starts `specwire serve` on the tiny models (pinned to one CPU, like `benchmarks.load`),
 then runs, one after another:
@@ -161,7 +162,11 @@ def main() -> None:
                      args.memory_connections)
     if args.json:
         print(json.dumps(report, indent=1))
-        return
+    else:
+        print_report(report)
+
+
+def print_report(report: dict) -> None:
     print(f"{report['sessions']} honest sessions; {report['attackers']} attacking connections")
     print("honest round trip          p50 ms   p99 ms   worst ms   rounds/s   errors   mismatches")
     for name in ("honest", "under_attack"):
