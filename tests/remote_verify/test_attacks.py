@@ -26,7 +26,7 @@ from benchmarks.load import TimedClient, pin_to_one_cpu, rss_bytes
 from local_draft.speculator import Speculator
 from wire.limits import MAX_STOP_IDS, ServiceLimits
 from wire.protocol import (
-    CLOSE_IDLE_TIMEOUT, SUBPROTOCOL, Error, Generate, Generated, Hello, SamplingParams, Sync, Welcome,
+    CLOSE_IDLE_TIMEOUT, SUBPROTOCOL, Error, Generate, Generated, SamplingParams, Sync, Welcome,
     decode_server_message, encode,
 )
 from tests.conftest import RunningService, hello_for
