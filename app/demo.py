@@ -38,12 +38,15 @@ def demo_command(args: argparse.Namespace) -> int:
 def start_service(target: Path, *options: str, cpus: set[int] | None = None) -> tuple[subprocess.Popen, str]:
     """Start `specwire serve` (with more `options`, on `cpus` if given) on a free loopback port.
 
-    Returns the process and its URL.
+    Returns the process and its URL. The service stops when this process ends, however it
+    ends (SIGTERM, a crash, kill -9): it watches a pipe from us (`--exit-with-parent`), whose
+    end the kernel closes when we are gone.
     """
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     process = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--target", str(target), "--port", "0", *options],
-        stdout=subprocess.PIPE, text=True, preexec_fn=pin)
+        [sys.executable, "-m", "app.cli", "serve", "--target", str(target), "--port", "0", "--exit-with-parent",
+         *options],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=pin)
     line = process.stdout.readline()
     if not line.startswith("listening on "):
         process.kill()

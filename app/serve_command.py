@@ -69,9 +69,10 @@ def add_service_arguments(serve: argparse.ArgumentParser) -> None:
     limits.add_argument("--max-sessions", type=int, default=DEFAULTS.max_sessions,
                         help="concurrent sessions; more get HTTP 503 with Retry-After (default: %(default)s)")
     limits.add_argument("--idle-timeout", type=float, default=DEFAULTS.idle_timeout_s, metavar="SECONDS",
-                        help="close a session silent this long (default: %(default)s)")
+                        help="close a session when neither side has sent a frame for this long (default: %(default)s)")
     limits.add_argument("--rate", type=float, default=DEFAULTS.rate_per_s, metavar="PER_SECOND",
-                        help="requests a second per connection, sustained (default: %(default)s)")
+                        help="requests a second per connection, sustained; a frame counts one per 4 KiB "
+                        "(default: %(default)s)")
     limits.add_argument("--rate-burst", type=int, default=DEFAULTS.rate_burst,
                         help="requests per connection in a burst (default: %(default)s)")
     limits.add_argument("--retry-after", type=float, default=DEFAULTS.retry_after_s, metavar="SECONDS",
@@ -85,7 +86,7 @@ def add_service_arguments(serve: argparse.ArgumentParser) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     from remote_verify.access import exposure_problem, is_loopback, server_tls_context
     from remote_verify.backends import load_backend
-    from remote_verify.logs import use_json_logs
+    from remote_verify.logs import escape_log_messages, use_json_logs
     from remote_verify.server import ServiceConfig, TargetLoadError, VerifyService
     from remote_verify.session import SessionLimits
 
@@ -95,6 +96,7 @@ def run_serve(args: argparse.Namespace) -> int:
         exit_with_parent()
     if args.log_format == "json":
         use_json_logs()
+    escape_log_messages()  # a client's text never starts a line of its own in the log
     token = read_token_file(args.token_file)
     problem = exposure_problem(args.host, token, args.insecure_no_auth)
     if problem:
