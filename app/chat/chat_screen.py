@@ -66,6 +66,7 @@ class ChatScreen(Screen):
         self.ready = False
         self.replying = False
         self.working = ""  # what a slow command is doing ("connecting ..."), shown in the status line
+        self.stopping = False  # esc was pressed: the reply ends within a round (ReplyFinished clears it)
         self.stop_requested = threading.Event()
         self.current: AssistantTurn | None = None  # the reply streaming now
         self._unshown: list[TokensCommitted] = []  # rounds committed but not drawn yet
@@ -240,6 +241,7 @@ class ChatScreen(Screen):
         if message.error:
             self.add_notice(message.error, "error")
         self.current = None
+        self.stopping = False
         self.stats = self.engine.live_stats()
         self._set_replying(False)
 
@@ -265,8 +267,10 @@ class ChatScreen(Screen):
 
     def action_stop_reply(self) -> None:
         if self.replying:
+            # Not `working`: that blocks commands until a slow command ends, and the reply's end is
+            # what ends a stop.
             self.stop_requested.set()
-            self.working = "stopping"
+            self.stopping = True
             self.show_status()
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
@@ -353,5 +357,6 @@ class ChatScreen(Screen):
         if not self.ready and not self.working:  # show the mode the chat is starting into
             mode = "offline" if self.settings.offline else "remote" if self.engine.k == 0 else "hybrid"
             stats, connection = dataclasses.replace(stats, mode=mode), Connection(False, "starting")
-        busy = self.working + " ..." if self.working else ""
+        doing = self.working or ("stopping" if self.stopping else "")
+        busy = doing + " ..." if doing else ""
         self.query_one(StatusLine).show(stats, connection, busy)

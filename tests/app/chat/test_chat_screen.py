@@ -70,22 +70,39 @@ async def test_a_prompt_is_answered_and_the_prompt_box_is_enabled_again(chat_set
     assert sum(len(e["ids"]) for e in events if e["type"] == "tokens") == 48
 
 
+async def _stop_after_ten_tokens(pilot) -> AssistantTurn:
+    """Wait until the reply streaming now has 10 tokens, press esc, wait until it ended."""
+    screen = pilot.app.chat_screen
+    await wait_for(pilot, lambda: screen.current is not None)
+    turn = screen.current
+    await wait_for(pilot, lambda: len(turn.reply.provenance) >= 10)
+    await pilot.press("escape")
+    await wait_for(pilot, lambda: not screen.replying)
+    return turn
+
+
 async def test_esc_stops_a_reply_and_keeps_what_came(chat_settings, tiny_service):
-    """Esc mid-reply: the reply ends early, stays on screen and on disk marked as stopped."""
+    """Esc mid-reply: the reply ends early, stays on screen and on disk marked as stopped; then the
+    chat takes a second message and slash commands again (esc used to leave it stuck)."""
     app = ChatApp(chat_settings(server=tiny_service, max_tokens=3000))
     async with app.run_test(size=SIZE) as pilot:
         await _ready(pilot)
         await send(pilot, "tell me everything")
-        await wait_for(pilot, lambda: app.chat_screen.current is not None)
-        turn = app.chat_screen.current
-        await wait_for(pilot, lambda: len(turn.reply.provenance) >= 10)
-        await pilot.press("escape")
-        await wait_for(pilot, lambda: not app.chat_screen.replying)
+        turn = await _stop_after_ten_tokens(pilot)
         kept = len(turn.reply.provenance)
         assert 10 <= kept < 3000 and turn.reply.stop_reason == "stopped"
         assert "stopped by you" in _plain(turn.query_one(".summary"))
         assert not app.screen.query_one(PromptInput).disabled
+        assert "stopping" not in _plain(app.screen.query_one(StatusLine))
         saved = app.engine.conversation.load(app.engine.chat.path).turns[0].reply
+
+        await send(pilot, "/k 2")
+        assert app.engine.k == 2 and "k = 2" in _plain(app.screen.query(Notice).last())
+        await send(pilot, "and now?")
+        second = await _stop_after_ten_tokens(pilot)
+        assert second.turn == 2 and second.reply.stop_reason == "stopped" and len(second.reply.provenance) >= 10
+        await send(pilot, "/stats")
+        assert "per turn" in _plain(app.screen.query(Notice).last())
     assert saved.stop_reason == "stopped" and len(saved.provenance) == kept and saved.text == turn.reply.text
 
 
