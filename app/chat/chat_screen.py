@@ -28,6 +28,7 @@ from app.chat.messages import (
     NoteAdded,
     Progress,
     ReplyFinished,
+    ReplyStarted,
     ScreenListener,
     StartupFailed,
     TokensCommitted,
@@ -203,6 +204,7 @@ class ChatScreen(Screen):
         transcript = self.query_one("#transcript", VerticalScroll)
         self.current = AssistantTurn(self.engine.conversation.next_turn, self.marks, self.settings.steady_display)
         await transcript.mount_all([UserTurn(text), self.current])
+        self.stats = LiveStats(self.engine.mode, self.engine.k, 0)  # the last reply's figures are not this one's
         self._set_replying(True)
         self.run_reply(text)
 
@@ -218,6 +220,10 @@ class ChatScreen(Screen):
             self.post_message(ReplyFinished(None, f"the reply failed: {exc!r} (details in the log file)"))
         else:
             self.post_message(ReplyFinished(outcome))
+
+    def on_reply_started(self, message: ReplyStarted) -> None:
+        if self.current is not None and self.current.turn == message.turn:
+            self.current.reading(message.prompt_tokens, message.unread_tokens)
 
     def on_tokens_committed(self, message: TokensCommitted) -> None:
         self._unshown.append(message)  # shown by _show_tokens, at most STREAM_FPS times a second
@@ -357,6 +363,7 @@ class ChatScreen(Screen):
         if not self.ready and not self.working:  # show the mode the chat is starting into
             mode = "offline" if self.settings.offline else "remote" if self.engine.k == 0 else "hybrid"
             stats, connection = dataclasses.replace(stats, mode=mode), Connection(False, "starting")
-        doing = self.working or ("stopping" if self.stopping else "")
+        waiting = self.replying and self.current is not None and self.current.waiting
+        doing = self.working or ("stopping" if self.stopping else "waiting for the first token" if waiting else "")
         busy = doing + " ..." if doing else ""
         self.query_one(StatusLine).show(stats, connection, busy)

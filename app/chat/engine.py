@@ -220,6 +220,7 @@ class ChatEngine:
             prompt = self.prompts.of(prompt_text)
             turn = self.conversation.next_turn
             self._write(UserMessage(turn, text, now_iso()), durable=True)
+            self.listener.reading(turn, len(prompt), self.prompts.unread(prompt))
             self.current_turn = turn
             try:
                 if dropped > self.dropped_turns:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
+import threading
 
 import pytest
 from rich.console import Console
@@ -262,3 +264,42 @@ async def test_keys_new_lines_earlier_prompts_and_the_command_palette(chat_setti
         await pilot.pause(0.3)
         await pilot.press("enter")
         await wait_for(pilot, lambda: "per turn" in _plain(app.screen.query(Notice).last()), what="the stats")
+
+
+async def test_the_wait_for_the_first_token_is_shown_and_its_time_reported(chat_settings, tiny_service):
+    """Until the first token: the reply says how many new tokens the models read and counts the
+    seconds, the status line drops the last reply's figures; after: the time to the first token is
+    in the reply's summary line and in /stats."""
+    app = ChatApp(chat_settings(server=tiny_service, max_tokens=16, steady_display=False))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(pilot)
+        await answered(pilot, "hello")
+        release = threading.Event()
+        generate = app.engine.speculator.generate
+
+        def held_generate(*args, **kwargs):
+            release.wait(30)  # as a service reading a long prompt would
+            return generate(*args, **kwargs)
+
+        app.engine.speculator.generate = held_generate
+        await send(pilot, "word " * 300)
+        await wait_for(pilot, lambda: "reading" in _plain(app.chat_screen.current.query_one(".waiting")))
+        waiting = app.chat_screen.current.query_one(".waiting")
+        match = re.search(r"reading ([\d,]+) new tokens \(([\d,]+) in all\) · waiting for the first token \((\d+) s\)",
+                          _plain(waiting))
+        assert match, _plain(waiting)
+        unread, in_all = int(match[1].replace(",", "")), int(match[2].replace(",", ""))
+        assert 300 <= unread < in_all
+        status = _plain(app.screen.query_one(StatusLine))
+        assert "waiting for the first token" in status and "accept" not in status
+        await pilot.pause(1.2)
+        assert re.search(r"first token \(([1-9]\d*) s\)", _plain(waiting)), _plain(waiting)
+        release.set()
+        await wait_for(pilot, lambda: not app.chat_screen.replying)
+        turn = app.screen.query(AssistantTurn).last()
+        assert not waiting.display
+        first = turn.reply.stats["first_token_s"]
+        assert first >= 1.0 and f"first token {first:.1f} s" in _plain(turn.query_one(".summary"))
+        await send(pilot, "/stats")
+        table = _plain(app.screen.query(Notice).last())
+        assert "1st token s" in table and f"{first:.2f}" in table

@@ -12,10 +12,13 @@ class Recorder:
     """An EngineListener that keeps what it hears."""
 
     def __init__(self):
-        self.notes, self.rounds, self.connections = [], [], []
+        self.notes, self.rounds, self.connections, self.readings = [], [], [], []
 
     def progress(self, text, from_service=False):
         pass
+
+    def reading(self, turn, prompt_tokens, unread_tokens):
+        self.readings.append((turn, prompt_tokens, unread_tokens))
 
     def committed(self, turn, provenance, pieces, stats):
         self.rounds.append((turn, provenance, pieces))
@@ -58,6 +61,9 @@ def test_greedy_replies_are_the_targets_own_and_earlier_tokens_are_kept_as_gener
         assert turn.reply.token_ids == target_alone(llamacpp_target, context, len(turn.reply.token_ids))
         assert set(turn.reply.provenance) <= {"draft", "target"} and "draft" in turn.reply.provenance
     assert contexts[1][: len(contexts[0]) + 40] == contexts[0] + turns[0].reply.token_ids
+    (_, first_all, first_unread), (_, second_all, second_unread) = engine.listener.readings
+    assert first_all == first_unread == len(contexts[0])  # nothing read before the first turn
+    assert second_all == len(contexts[1]) and second_unread == len(contexts[1]) - len(contexts[0]) - 40
     assert contexts[0] == engine.draft.tokenize(engine.template.render(engine.conversation.messages()[:1]))
 
 
