@@ -55,6 +55,9 @@ class ChatScreen(Screen):
     BINDINGS = [
         Binding("escape", "stop_reply", "Stop"),
         Binding("ctrl+t", "toggle_marks", "Marks"),
+        # priority: the prompt box has the focus and would move its cursor instead
+        Binding("pageup", "scroll_transcript(-1)", "Scroll up", show=False, priority=True),
+        Binding("pagedown", "scroll_transcript(1)", "Scroll down", show=False, priority=True),
     ]
 
     def __init__(self, settings: ChatSettings, engine: ChatEngine):
@@ -204,6 +207,7 @@ class ChatScreen(Screen):
         transcript = self.query_one("#transcript", VerticalScroll)
         self.current = AssistantTurn(self.engine.conversation.next_turn, self.marks, self.settings.steady_display)
         await transcript.mount_all([UserTurn(text), self.current])
+        self.follow_transcript()
         self.stats = LiveStats(self.engine.mode, self.engine.k, 0)  # the last reply's figures are not this one's
         self._set_replying(True)
         self.run_reply(text)
@@ -284,6 +288,17 @@ class ChatScreen(Screen):
             return self.replying  # shown in the footer only while a reply streams
         return True
 
+    def action_scroll_transcript(self, pages: int) -> None:
+        transcript = self.query_one("#transcript", VerticalScroll)
+        if pages < 0:
+            transcript.scroll_page_up()  # releases the anchor: the view stays where the user put it
+        else:
+            transcript.scroll_page_down()
+
+    def follow_transcript(self) -> None:
+        """Scroll to the bottom and stay there as the reply grows (after the user scrolled up too)."""
+        self.query_one("#transcript", VerticalScroll).anchor()
+
     async def action_toggle_marks(self) -> None:
         self.marks = not self.marks
         self.query_one(Legend).show(self.marks)
@@ -310,6 +325,7 @@ class ChatScreen(Screen):
         prompt = self.query_one(PromptInput)
         prompt.remember(text)
         prompt.clear()
+        self.follow_transcript()  # what the command said is at the bottom
 
     def palette_command(self, command: SlashCommand) -> None:
         """From the command palette: run it, or put it in the box when it takes an argument."""

@@ -303,3 +303,30 @@ async def test_the_wait_for_the_first_token_is_shown_and_its_time_reported(chat_
         await send(pilot, "/stats")
         table = _plain(app.screen.query(Notice).last())
         assert "1st token s" in table and f"{first:.2f}" in table
+
+
+async def test_page_keys_scroll_the_transcript_from_the_prompt_box_and_sending_follows_the_reply(chat_settings):
+    """PageUp/PageDown scroll the transcript while the prompt box keeps the focus; a message sent
+    while scrolled up brings the view to the bottom and it stays there as the reply grows."""
+    app = ChatApp(chat_settings(offline=True, max_tokens=120))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(pilot)
+        transcript = app.screen.query_one("#transcript")
+        prompt = app.screen.query_one(PromptInput)
+        for _ in range(3):
+            await send(pilot, "/help")
+        await pilot.pause(0.3)
+        assert transcript.max_scroll_y > 10 and transcript.scroll_y == transcript.max_scroll_y
+        await pilot.press("pageup")
+        await pilot.pause(0.3)
+        assert transcript.scroll_y < transcript.max_scroll_y and prompt.has_focus
+        up = transcript.scroll_y
+        await pilot.press("pagedown")
+        await pilot.pause(0.3)
+        assert transcript.scroll_y > up and prompt.has_focus
+        await pilot.press("pageup", "pageup")
+        await pilot.pause(0.3)
+        assert transcript.scroll_y < transcript.max_scroll_y
+        await answered(pilot, "a long one")
+        await pilot.pause(0.3)
+        assert transcript.scroll_y == transcript.max_scroll_y
