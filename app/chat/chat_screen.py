@@ -361,6 +361,8 @@ class ChatScreen(Screen):
     async def clear_transcript(self) -> None:
         await self.query_one("#transcript", VerticalScroll).remove_children()
         self.query_one(PromptInput).sent_prompts.clear()
+        self.stats = self.engine.live_stats()  # the new chat's: none yet
+        self.show_status()
 
     def on_command_done(self, message: CommandDone) -> None:
         self.working = ""

@@ -24,6 +24,7 @@ from app.chat.state import BusyError, Connection, EngineListener, LiveStats, Rep
 from app.chat.store import ChatLog, ChatStore, Committed, Note, ReplyEnded, SystemPrompt, UserMessage, now_iso
 from local_draft.chat_template import ChatTemplate, template_for
 from local_draft.draft_model import DraftModel, DraftModelError
+from local_draft.generation_stats import GenerationStats
 from local_draft.speculator import Speculator
 from local_draft.verify_client import VerifyError
 from wire.protocol import SamplingParams
@@ -97,6 +98,9 @@ class ChatEngine:
         """Load the drafter, and reach the service unless offline. Raises StartupProblem."""
         with self._lock:
             problem = None
+            if not self.settings.draft.is_file():  # before the target: without a drafter nothing runs
+                raise StartupProblem("missing_model", f"there is no draft model at {self.settings.draft}",
+                                     offline_possible=False, retry_possible=False)
             if self.settings.embedded and not self.settings.offline:
                 try:
                     self.connection_to.launch_embedded()  # the child loads its target while we load the drafter
@@ -205,6 +209,8 @@ class ChatEngine:
             self.chat = None
             self.conversation = Conversation(system=self.conversation.system)
             self.dropped_turns = 0
+            if self.speculator is not None:
+                self.speculator.stats = GenerationStats()  # the status line's figures start again
 
     # ---- replying -------------------------------------------------------------------
 

@@ -59,6 +59,8 @@ def settings_from(args: argparse.Namespace, store: ChatStore) -> ChatSettings:
     if problems:
         raise UserError("; ".join(problems))
     draft = Path(resolve_model(args.draft, args.pair, "draft"))  # names the fetch command when it is missing
+    if not draft.is_file():  # a --draft path: said now, before the target loads for nothing
+        raise UserError(f"there is no draft model at {draft} (--draft)")
     target, target_problem = embedded_target(args)
     try:
         resume = store.path_of(args.resume or None) if args.resume is not None else None

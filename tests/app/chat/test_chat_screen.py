@@ -233,8 +233,10 @@ async def test_slash_commands_change_the_chat(chat_settings, tiny_service, tmp_p
         assert "## You\n\nhello" in text and "answer in French" in text and "verified by the target" in text
 
         previous = app.engine.chat.path
+        assert "tok/round" in _plain(status)
         await send(pilot, "/clear")
         assert not screen.query(AssistantTurn) and app.engine.chat is None
+        assert "tok/round" not in _plain(status) and "accept" not in _plain(status)  # the old chat's figures
         assert previous.stem in _plain(screen.query(Notice).last())
         await answered(pilot, "a new start")
         assert app.engine.chat.path != previous and len(app.engine.conversation.turns) == 1
@@ -247,6 +249,7 @@ async def test_keys_new_lines_earlier_prompts_and_the_command_palette(chat_setti
     async with app.run_test(size=SIZE) as pilot:
         await _ready(pilot)
         prompt = app.screen.query_one(PromptInput)
+        assert all(word in str(prompt.placeholder) for word in ("Enter", "ctrl+j", "/help"))
         await pilot.press("a", "ctrl+j", "b", "enter")
         await wait_for(pilot, lambda: app.engine.conversation.turns and not app.chat_screen.replying)
         assert app.engine.conversation.turns[0].user == "a\nb" and prompt.text == ""

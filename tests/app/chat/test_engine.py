@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.chat.engine import ChatEngine
+from app.chat.state import StartupProblem
 from tests.local_draft.test_fallback import target_alone
 
 
@@ -106,3 +107,15 @@ def test_a_long_chat_leaves_out_its_oldest_turns_with_a_note_and_keeps_them_save
     assert all(len(context) <= 256 - 40 for context in contexts)
     saved = type(engine.conversation).load(engine.chat.path)
     assert len(saved.turns) == 4 and any("no longer fit" in note for turn in saved.turns for note in turn.reply.notes)
+
+
+def test_a_missing_draft_model_is_reported_before_the_service_starts(chat_settings, tmp_path):
+    """The draft file is gone: start() says so at once, and no embedded service was started for nothing."""
+    engine = ChatEngine(chat_settings(draft=tmp_path / "gone.gguf"), Recorder())
+    try:
+        with pytest.raises(StartupProblem, match="no draft model at") as raised:
+            engine.start()
+        assert raised.value.kind == "missing_model" and not raised.value.offline_possible
+        assert engine.service is None
+    finally:
+        engine.close()

@@ -14,6 +14,12 @@ def test_a_missing_draft_model_names_the_fetch_command(tmp_path, monkeypatch, ca
     assert "run `specwire models fetch qwen2.5-coder`" in capsys.readouterr().err
 
 
+def test_a_draft_path_that_is_not_there_is_a_one_line_error(tmp_path, capsys):
+    """--draft naming no file: exit 2 before anything loads (the target used to start loading first)."""
+    assert main(["chat", "--draft", str(tmp_path / "nope.gguf")]) == 2
+    assert f"there is no draft model at {tmp_path / 'nope.gguf'}" in capsys.readouterr().err
+
+
 def test_bad_flags_and_unknown_chats_are_one_line_errors(tiny, tmp_path, monkeypatch, capsys):
     """A bad temperature or an unknown chat id: exit 2, one line saying what to do."""
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
