@@ -40,6 +40,7 @@ from app.chat.slash_handlers import SlashHandlers
 from app.chat.state import BusyError, Connection, LiveStats, StartupProblem
 from app.chat.widgets.assistant_turn import AssistantTurn
 from app.chat.widgets.loading_panel import LoadingPanel
+from app.chat.widgets.marked_text import MarkedText
 from app.chat.widgets.prompt_input import PromptInput
 from app.chat.widgets.status_line import StatusLine
 from app.chat.widgets.top_bar import Legend, TopBar
@@ -113,11 +114,20 @@ class ChatScreen(Screen):
 
     def on_mount(self) -> None:
         self.query_one("#transcript", VerticalScroll).anchor()
+        self.app.theme_changed_signal.subscribe(self, self._restyle)
         self.show_status()
         # A fast drafter commits hundreds of rounds a second: redraw at a steady rate instead
         # of once a round, so the screen never holds the generation back.
         self.set_interval(1 / STREAM_FPS, self._show_tokens)
         self.start_engine()
+
+    def _restyle(self, theme) -> None:
+        """A new theme: text styled by provenance or status takes the new colours."""
+        for marked in self.query(MarkedText):
+            marked.restyle()
+        legend = self.query_one(Legend)
+        legend.show(legend.marks)
+        self.show_status()
 
     def on_unmount(self) -> None:
         self.stop_requested.set()

@@ -6,6 +6,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from app.chat.state import Connection, LiveStats
+from app.chat.widgets.foreground import foreground_style
 
 
 class StatusLine(Static):
@@ -16,7 +17,8 @@ class StatusLine(Static):
         self.steady = steady  # no timings: a screen that compares equal from run to run
 
     def show(self, stats: LiveStats, connection: Connection, busy_text: str = "") -> None:
-        style = self.get_component_rich_style
+        def style(name: str):
+            return foreground_style(self, name)  # no background: the line's own shows
         parts: list[Text] = [Text(stats.mode, style("status--mode"))]
         if stats.mode == "offline":
             parts.append(Text("○ " + connection.detail if connection.detail == "starting" else
@@ -42,4 +44,4 @@ class StatusLine(Static):
         self.update(Text(" │ ").join(parts))
 
     def _field(self, label: str, value: str) -> Text:
-        return Text.assemble((label + " ", self.get_component_rich_style("status--label")), value)
+        return Text.assemble((label + " ", foreground_style(self, "status--label")), value)

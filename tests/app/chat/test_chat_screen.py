@@ -11,6 +11,7 @@ import threading
 
 import pytest
 from rich.console import Console
+from rich.style import Style
 from rich.text import Text
 
 from app.chat.chat_app import ChatApp
@@ -21,6 +22,7 @@ from app.chat.widgets.assistant_turn import AssistantTurn
 from app.chat.widgets.marked_text import MarkedText
 from app.chat.widgets.prompt_input import PromptInput
 from app.chat.widgets.status_line import StatusLine
+from app.chat.widgets.top_bar import Legend
 from app.chat.widgets.turns import Notice, UserTurn
 from tests.app.chat.conftest import answered, send, start_tiny_service, wait_for
 
@@ -333,3 +335,23 @@ async def test_page_keys_scroll_the_transcript_from_the_prompt_box_and_sending_f
         await answered(pilot, "a long one")
         await pilot.pause(0.3)
         assert transcript.scroll_y == transcript.max_scroll_y
+
+
+async def test_a_light_theme_leaves_no_dark_background_behind_reply_text_or_status(chat_settings):
+    """Switch to a light theme after a reply: the provenance-coloured text, the legend and the status
+    line carry no background of their own, and take the new theme's colours."""
+    app = ChatApp(chat_settings(offline=True, max_tokens=12))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(pilot)
+        turn = await answered(pilot, "hello")
+        app.theme = "textual-light"
+        await pilot.pause(0.5)
+        marked = turn.query_one(MarkedText)
+        offline = marked.get_component_rich_style("provenance--offline")
+        spans = marked._text.spans
+        assert spans and all(span.style.bgcolor is None for span in spans)
+        assert all(span.style.color == offline.color for span in spans)  # the light theme's colour
+        status = app.screen.query_one(StatusLine).render()
+        legend = app.screen.query_one(Legend).render()
+        for text in (status, legend):
+            assert text.spans and all(Style.parse(str(s.style)).bgcolor is None for s in text.spans), text.spans
