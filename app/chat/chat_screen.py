@@ -180,6 +180,8 @@ class ChatScreen(Screen):
 
     def on_startup_failed(self, message: StartupFailed) -> None:
         self.problem = message.problem
+        for panel in self.query(LoadingPanel):
+            panel.stop_clock()  # behind the dialog nothing is being waited for
         self.app.push_screen(ProblemScreen(message.problem), self._after_problem)
 
     def _after_problem(self, answer: str | None) -> None:
@@ -188,7 +190,7 @@ class ChatScreen(Screen):
             self.post_message(EngineReady())
         elif answer == "retry":
             for panel in self.query(LoadingPanel):
-                panel.show("retrying")
+                panel.restart_clock("retrying")
             self.connect_engine(ready=True)
         else:
             self.app.exit(return_code=2, message=f"specwire chat: {self.problem}")

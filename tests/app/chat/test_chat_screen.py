@@ -355,3 +355,21 @@ async def test_a_light_theme_leaves_no_dark_background_behind_reply_text_or_stat
         legend = app.screen.query_one(Legend).render()
         for text in (status, legend):
             assert text.spans and all(Style.parse(str(s.style)).bgcolor is None for s in text.spans), text.spans
+
+
+async def test_the_start_up_clock_stops_behind_the_problem_dialog_and_starts_again_on_retry(chat_settings):
+    """Unreachable service: behind the dialog the seconds stand still; "retry" counts afresh."""
+    app = ChatApp(chat_settings(server="ws://127.0.0.1:9", steady_display=False))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, ProblemScreen), what="the problem dialog")
+        step = app.chat_screen.query_one("#loading-step")
+        shown = _plain(step)
+        await pilot.pause(2.2)
+        assert _plain(step) == shown
+        panel = app.chat_screen.query_one("LoadingPanel")
+        first_attempt = panel.started
+        await wait_for(pilot, lambda: app.screen.query("#retry"), what="the offer to retry")
+        await pilot.press("r")
+        await wait_for(pilot, lambda: panel.started != first_attempt, timeout_s=10, what="a new attempt's clock")
+        await pilot.pause(0.6)
+        assert re.search(r"\((0|1|2) s\)", _plain(step)), _plain(step)
