@@ -11,24 +11,34 @@ import argparse
 import logging
 import logging.handlers
 import os
+import time
 from pathlib import Path
 
 from app.chat.settings import ChatSettings
-from app.chat.store import ChatNotFound, ChatStore
+from app.chat.store import ChatInUse, ChatNotFound, ChatStore
 from app.generation_flags import sampling_params
 from app.model_paths import resolve_model
 from app.token_file import read_token_file
 from app.user_error import UserError
 
 
-def log_path() -> Path:
+KEEP_LOGS = 20  # the newest chats' logs are kept; older ones are removed when a chat starts
+
+
+def log_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "specwire" / "chat.log"
+    return Path(base) / "specwire" / "chat-logs"
 
 
 def log_to_file(verbose: int) -> Path:
-    path = log_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Log into a file of this process's own: two chats at once would interleave their lines in one."""
+    folder = log_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    logs = sorted(folder.glob("chat-*.log"), key=lambda p: p.name)  # named by their start: oldest first
+    for old in logs[: max(0, len(logs) - (KEEP_LOGS - 1))]:
+        for each in (old, old.with_name(old.name + ".1")):  # with its rotated part
+            each.unlink(missing_ok=True)
+    path = folder / f"chat-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
     root = logging.getLogger()
     for handler in root.handlers[:]:
         root.removeHandler(handler)
@@ -64,7 +74,7 @@ def settings_from(args: argparse.Namespace, store: ChatStore) -> ChatSettings:
     target, target_problem = embedded_target(args)
     try:
         resume = store.path_of(args.resume or None) if args.resume is not None else None
-    except ChatNotFound as exc:
+    except (ChatNotFound, ChatInUse) as exc:
         raise UserError(str(exc)) from exc
     return ChatSettings(
         draft=draft, target=target, target_problem=target_problem, pair=args.pair, backend=args.backend, server=args.server,

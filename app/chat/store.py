@@ -12,6 +12,7 @@ power cut loses at most that second. Reading back skips a torn last line.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import secrets
@@ -77,6 +78,25 @@ class ChatNotFound(LookupError):
     """No saved chat matches the id given."""
 
 
+class ChatInUse(RuntimeError):
+    """The chat is open in another running `specwire chat`: two writers would interleave its events."""
+
+
+def in_use(path: Path) -> bool:
+    """Whether a running chat holds this chat's file (its lock goes when that process ends, however)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # and with it the probe's lock
+    return False
+
+
 def chats_dir() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "specwire" / "chats"
@@ -93,6 +113,11 @@ class ChatLog:
         self.path = path
         self.id = path.stem
         self._file = open(path, "ab")
+        try:  # held while the file is open; the system drops it when the process ends, even by kill -9
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.close()
+            raise ChatInUse(f"chat {self.id} is open in another `specwire chat`") from None
         self._lock = threading.Lock()
         self._last_sync = time.monotonic()
 
@@ -142,12 +167,22 @@ class ChatStore:
         return ChatLog(self.path_of(chat_id))
 
     def path_of(self, chat_id: str | None) -> Path:
-        """The file of a chat by id (or a unique start of one); None: the latest chat."""
+        """The file of a chat by id (or a unique start of one); None: the latest chat no running chat
+        has open (another terminal's chat may be newer). ChatInUse for a chat open elsewhere."""
         if chat_id is None:
             summaries = self.list()
             if not summaries:
                 raise ChatNotFound(f"there is no saved chat in {self.root} yet")
-            return summaries[0].path
+            closed = [s for s in summaries if not in_use(s.path)]
+            if not closed:
+                raise ChatInUse(f"every saved chat in {self.root} is open in another `specwire chat`")
+            return closed[0].path
+        path = self._find(chat_id)
+        if in_use(path):
+            raise ChatInUse(f"chat {path.stem} is open in another `specwire chat`: quit that one first")
+        return path
+
+    def _find(self, chat_id: str) -> Path:
         exact = self.root / f"{chat_id}.jsonl"
         if exact.is_file():
             return exact

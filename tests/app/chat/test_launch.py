@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from app.chat.store import ChatStore, ReplyEnded, UserMessage
 from app.cli import main
 
@@ -41,3 +46,20 @@ def test_list_shows_saved_chats_newest_first(tmp_path, monkeypatch, capsys):
     assert main(["chat", "--list"]) == 0
     out = capsys.readouterr().out
     assert chat.id in out and "how do I sort a list?" in out and "specwire chat --resume ID" in out
+
+
+def test_each_chat_process_logs_into_a_file_of_its_own_and_old_logs_are_removed(tmp_path):
+    """Two chats at once get two log files (one chat.log interleaved them); only the newest 20 are kept."""
+    folder = tmp_path / "state" / "specwire" / "chat-logs"
+    folder.mkdir(parents=True)
+    for n in range(25):
+        (folder / f"chat-20200101-0000{n:02d}-1.log").write_text("old\n")
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    code = "import logging; from app.chat.launch import log_to_file; print(log_to_file(0)); logging.info('hi')"
+    paths = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                            check=True).stdout.strip() for _ in range(2)]
+    assert paths[0] != paths[1] and all(str(os.getpid()) not in p for p in paths)
+    assert all("hi" in Path(p).read_text() for p in paths)
+    remaining = sorted(f.name for f in folder.glob("chat-*.log"))
+    assert len(remaining) == 20 and "chat-20200101-000024-1.log" in remaining
+    assert "chat-20200101-000005-1.log" not in remaining
