@@ -216,6 +216,10 @@ class ChatScreen(Screen):
         prompt = self.query_one(PromptInput)
         prompt.remember(message.text)
         prompt.clear()
+        await self.start_reply(text)
+
+    async def start_reply(self, text: str) -> None:
+        """Show the message and an empty reply, and generate it on the engine's worker."""
         transcript = self.query_one("#transcript", VerticalScroll)
         self.current = AssistantTurn(self.engine.conversation.next_turn, self.marks, self.settings.steady_display)
         await transcript.mount_all([UserTurn(text), self.current])
@@ -320,10 +324,12 @@ class ChatScreen(Screen):
     # ---- slash commands -------------------------------------------------------------
 
     async def run_command_text(self, text: str) -> None:
-        """Carry out `/name argument`; on an error the text stays in the box to be fixed."""
+        """Carry out `/name argument`; on an error the text stays in the box to be fixed.
+
+        A command may return text for the box (/edit), which then replaces the command."""
         try:
             command, argument = parse(text)
-            await getattr(self.commands, command.name)(argument)
+            for_the_box = await getattr(self.commands, command.name)(argument)
         except ValueError as exc:
             self.add_notice(str(exc), "error")
             return
@@ -337,6 +343,9 @@ class ChatScreen(Screen):
         prompt = self.query_one(PromptInput)
         prompt.remember(text)
         prompt.clear()
+        if for_the_box:
+            prompt.load_text(for_the_box)
+            prompt.move_cursor(prompt.document.end)
         self.follow_transcript()  # what the command said is at the bottom
 
     def palette_command(self, command: SlashCommand) -> None:
@@ -369,6 +378,15 @@ class ChatScreen(Screen):
         self.working = "connecting"
         self.show_status()
         self.connect_engine(ready=False)
+
+    async def withdraw_last_turn(self):
+        """Take the last turn back, from the engine and from the transcript; the turn taken."""
+        self.refuse_while_busy()
+        turn = self.engine.withdraw_last()
+        for shown in (self.query(UserTurn), self.query(AssistantTurn)):
+            if shown:
+                await shown.last().remove()
+        return turn
 
     async def clear_transcript(self) -> None:
         await self.query_one("#transcript", VerticalScroll).remove_children()

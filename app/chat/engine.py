@@ -21,7 +21,9 @@ from app.chat.reply import PromptTokens, ReplyRounds
 from app.chat.service_connection import ServiceConnection
 from app.chat.settings import ChatSettings
 from app.chat.state import BusyError, Connection, EngineListener, LiveStats, ReplyOutcome, StartupProblem
-from app.chat.store import ChatLog, ChatStore, Committed, Note, ReplyEnded, SystemPrompt, UserMessage, now_iso
+from app.chat.store import (
+    ChatLog, ChatStore, Committed, Note, ReplyEnded, SystemPrompt, UserMessage, Withdrawn, now_iso,
+)
 from local_draft.chat_template import ChatTemplate, template_for
 from local_draft.draft_model import DraftModel, DraftModelError
 from local_draft.generation_stats import GenerationStats
@@ -211,6 +213,17 @@ class ChatEngine:
             self.dropped_turns = 0
             if self.speculator is not None:
                 self.speculator.stats = GenerationStats()  # the status line's figures start again
+
+    def withdraw_last(self):
+        """Take the last turn back (/retry, /edit): the saved chat records it, the model no longer sees it."""
+        with self._lock:
+            if self.busy:
+                raise BusyError("a reply is in progress")
+            if not self.conversation.turns:
+                raise ValueError("there is no message to take back yet")
+            turn = self.conversation.turns[-1]
+            self._write(Withdrawn(turn.number), durable=True)
+            return turn
 
     # ---- replying -------------------------------------------------------------------
 

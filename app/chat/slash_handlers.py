@@ -34,6 +34,8 @@ class ChatView(Protocol):
     def run_slow(self, call: Callable[[], None], doing: str, done: str) -> None: ...
     def start_connecting(self) -> None: ...
     async def clear_transcript(self) -> None: ...
+    async def withdraw_last_turn(self): ...
+    async def start_reply(self, text: str) -> None: ...
     async def action_toggle_marks(self) -> None: ...
 
 
@@ -108,6 +110,15 @@ class SlashHandlers:
         await self.screen.clear_transcript()
         self.screen.add_notice("a new chat" + (f"; the previous one is saved: specwire chat --resume {previous}"
                                                if previous else ""))
+
+    async def retry(self, argument: str) -> None:
+        turn = await self.screen.withdraw_last_turn()
+        await self.screen.start_reply(turn.user)
+
+    async def edit(self, argument: str) -> str:
+        turn = await self.screen.withdraw_last_turn()
+        self.screen.add_notice("the last message is back in the box: change it and send it again")
+        return turn.user
 
     async def quit(self, argument: str) -> None:
         self.screen.app.exit()

@@ -68,7 +68,13 @@ class ReplyEnded(msgspec.Struct, tag="end", tag_field="type"):
     stats: dict = {}
 
 
-Event = Union[ChatStarted, SystemPrompt, UserMessage, Committed, Note, ReplyEnded]
+class Withdrawn(msgspec.Struct, tag="withdrawn", tag_field="type"):
+    """Turns from `turn` on are taken back (/retry, /edit): the file keeps them, the conversation not."""
+
+    turn: int
+
+
+Event = Union[ChatStarted, SystemPrompt, UserMessage, Committed, Note, ReplyEnded, Withdrawn]
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Event)
@@ -200,15 +206,17 @@ class ChatStore:
             return []
         summaries = []
         for path in self.root.glob("*.jsonl"):
-            created, turns, title = "", 0, ""
+            created, turns, title = "", set(), ""
             for event in read_events(path):
                 if isinstance(event, ChatStarted):
                     created = event.created
                 elif isinstance(event, UserMessage):
-                    turns += 1
+                    turns.add(event.turn)
                     if not title and event.text.strip():
                         title = event.text.strip().splitlines()[0]
-            summaries.append(ChatSummary(path.stem, created, turns, title, path.stat().st_mtime, path))
+                elif isinstance(event, Withdrawn):
+                    turns = {turn for turn in turns if turn < event.turn}
+            summaries.append(ChatSummary(path.stem, created, len(turns), title, path.stat().st_mtime, path))
         return sorted(summaries, key=lambda s: s.modified, reverse=True)
 
 

@@ -373,3 +373,39 @@ async def test_the_start_up_clock_stops_behind_the_problem_dialog_and_starts_aga
         await wait_for(pilot, lambda: panel.started != first_attempt, timeout_s=10, what="a new attempt's clock")
         await pilot.pause(0.6)
         assert re.search(r"\((0|1|2) s\)", _plain(step)), _plain(step)
+
+
+async def test_retry_generates_the_last_reply_again_and_edit_puts_the_last_message_back(chat_settings, tiny_service):
+    """/retry: the last reply is taken back and made again for the same message; /edit: the last
+    message and its reply are taken back, the message is in the box, and what is sent replaces it.
+    The saved chat replays to the same turns."""
+    app = ChatApp(chat_settings(server=tiny_service, max_tokens=16))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(pilot)
+        screen = app.chat_screen
+        prompt = screen.query_one(PromptInput)
+        await answered(pilot, "first question")
+        await answered(pilot, "second question")
+        first_reply = screen.query(AssistantTurn).first().reply.text
+
+        before = len(screen.query(AssistantTurn))
+        await send(pilot, "/retry")
+        await wait_for(pilot, lambda: screen.current is None and not screen.replying
+                       and len(screen.query(AssistantTurn)) == before and screen.query(AssistantTurn).last().finished)
+        assert [t.user for t in app.engine.conversation.turns] == ["first question", "second question"]
+        assert [t.number for t in app.engine.conversation.turns] == [1, 2]
+        assert len(app.engine.conversation.turns[1].reply.provenance) == 16
+        assert [_plain(u.query_one(".body")) for u in screen.query(UserTurn)] == ["first question", "second question"]
+
+        await send(pilot, "/edit")
+        assert prompt.text == "second question"
+        assert [t.user for t in app.engine.conversation.turns] == ["first question"]
+        assert len(screen.query(AssistantTurn)) == 1 and len(screen.query(UserTurn)) == 1
+        prompt.load_text("second question, better put")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: len(app.engine.conversation.turns) == 2 and not screen.replying
+                       and app.engine.conversation.turns[1].reply.stop_reason)
+        path = app.engine.chat.path
+    saved = app.engine.conversation.load(path)
+    assert [(t.number, t.user) for t in saved.turns] == [(1, "first question"), (2, "second question, better put")]
+    assert saved.turns[0].reply.text == first_reply and len(saved.turns[1].reply.provenance) == 16
