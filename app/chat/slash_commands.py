@@ -27,6 +27,7 @@ COMMANDS = [
     SlashCommand("system", "/system [TEXT|-]", "show the system prompt, set it, or remove it (-)", True),
     SlashCommand("retry", "/retry", "take the last reply back and generate it again"),
     SlashCommand("edit", "/edit", "take the last message and its reply back, into the box to change"),
+    SlashCommand("copy", "/copy [code [N]]", "the last reply, or its last (N-th) code block, to the clipboard", True),
     SlashCommand("marks", "/marks", "provenance marks on or off (ctrl+t)"),
     SlashCommand("stats", "/stats", "statistics of every turn and of the whole chat"),
     SlashCommand("save", "/save [FILE]", "write the chat as Markdown (default: ./specwire-chat-ID.md)", True),

@@ -12,6 +12,7 @@ from typing import Callable, Protocol
 
 import msgspec
 
+from app.chat.copying import code_blocks, parse_copy_argument
 from app.chat.engine import ChatEngine
 from app.chat.export import default_path, save_markdown
 from app.chat.settings import ChatSettings
@@ -119,6 +120,26 @@ class SlashHandlers:
         turn = await self.screen.withdraw_last_turn()
         self.screen.add_notice("the last message is back in the box: change it and send it again")
         return turn.user
+
+    async def copy(self, argument: str) -> None:
+        which = parse_copy_argument(argument)
+        replies = [turn.reply for turn in self.engine.conversation.turns if turn.reply.text]
+        if not replies:
+            raise ValueError("no reply to copy yet")
+        text = replies[-1].text.strip()
+        if which is not None:
+            blocks = code_blocks(text)
+            if not blocks:
+                raise ValueError("the last reply has no code block: /copy takes all of it")
+            if which >= len(blocks):
+                raise ValueError(f"the last reply has {len(blocks)} code block{'s' if len(blocks) > 1 else ''}")
+            text = blocks[which]
+        # OSC 52: the terminal puts it on the system clipboard; nothing says whether it did
+        self.screen.app.copy_to_clipboard(text)
+        what = "the last reply" if which is None else "a code block"
+        self.screen.add_notice(f"copied {what} ({len(text):,} characters) to the terminal's clipboard (OSC 52). "
+                               "If nothing pasted: the terminal does not take OSC 52 (tmux: set-clipboard on); "
+                               "/save writes the chat to a file")
 
     async def quit(self, argument: str) -> None:
         self.screen.app.exit()

@@ -375,8 +375,9 @@ async def test_the_start_up_clock_stops_behind_the_problem_dialog_and_starts_aga
         assert re.search(r"\((0|1|2) s\)", _plain(step)), _plain(step)
 
 
-async def test_retry_generates_the_last_reply_again_and_edit_puts_the_last_message_back(chat_settings, tiny_service):
-    """/retry: the last reply is taken back and made again for the same message; /edit: the last
+async def test_retry_copy_and_edit_act_on_the_last_reply(chat_settings, tiny_service):
+    """/retry: the last reply is taken back and made again for the same message; /copy puts it on the
+    clipboard (and says there is no code block to copy); /edit: the last
     message and its reply are taken back, the message is in the box, and what is sent replaces it.
     The saved chat replays to the same turns."""
     app = ChatApp(chat_settings(server=tiny_service, max_tokens=16))
@@ -396,6 +397,12 @@ async def test_retry_generates_the_last_reply_again_and_edit_puts_the_last_messa
         assert [t.number for t in app.engine.conversation.turns] == [1, 2]
         assert len(app.engine.conversation.turns[1].reply.provenance) == 16
         assert [_plain(u.query_one(".body")) for u in screen.query(UserTurn)] == ["first question", "second question"]
+
+        await send(pilot, "/copy")
+        assert app.clipboard == app.engine.conversation.turns[1].reply.text.strip()
+        assert "OSC 52" in _plain(screen.query(Notice).last())
+        await send(pilot, "/copy code")
+        assert "no code block" in _plain(screen.query(Notice).last()) and prompt.text == "/copy code"
 
         await send(pilot, "/edit")
         assert prompt.text == "second question"
