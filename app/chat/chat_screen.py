@@ -77,6 +77,8 @@ class ChatScreen(Screen):
         self._unshown: list[TokensCommitted] = []  # rounds committed but not drawn yet
         self.stats = LiveStats(self.engine.mode, settings.k, 0)
         self.problem: StartupProblem | None = None  # the last startup problem shown
+        self.prompt_tokens = 0  # of the reply in progress, or the last one: for the context meter
+        self.context_used = self._context_of_saved_turns()
 
     # ---- layout ---------------------------------------------------------------------
 
@@ -244,6 +246,8 @@ class ChatScreen(Screen):
     def on_reply_started(self, message: ReplyStarted) -> None:
         if self.current is not None and self.current.turn == message.turn:
             self.current.reading(message.prompt_tokens, message.unread_tokens)
+        self.prompt_tokens = self.context_used = message.prompt_tokens
+        self.show_status()
 
     def on_tokens_committed(self, message: TokensCommitted) -> None:
         self._unshown.append(message)  # shown by _show_tokens, at most STREAM_FPS times a second
@@ -257,6 +261,7 @@ class ChatScreen(Screen):
             mine = [r for r in rounds if r.turn == self.current.turn]
             await self.current.add([p for r in mine for p in r.pieces], [p for r in mine for p in r.provenance])
         self.stats = rounds[-1].stats
+        self.context_used = self.prompt_tokens + (len(self.current.reply.provenance) if self.current else 0)
         self.show_status()
 
     async def on_reply_finished(self, message: ReplyFinished) -> None:
@@ -268,6 +273,7 @@ class ChatScreen(Screen):
             self.add_notice(message.error, "error")
         self.current = None
         self.stopping = False
+        self.context_used = self._context_of_saved_turns()
         self.stats = self.engine.live_stats()
         self._set_replying(False)
 
@@ -386,12 +392,15 @@ class ChatScreen(Screen):
         for shown in (self.query(UserTurn), self.query(AssistantTurn)):
             if shown:
                 await shown.last().remove()
+        self.context_used = self._context_of_saved_turns()
+        self.show_status()
         return turn
 
     async def clear_transcript(self) -> None:
         await self.query_one("#transcript", VerticalScroll).remove_children()
         self.query_one(PromptInput).sent_prompts.clear()
         self.stats = self.engine.live_stats()  # the new chat's: none yet
+        self.context_used = 0
         self.show_status()
 
     def on_command_done(self, message: CommandDone) -> None:
@@ -401,6 +410,14 @@ class ChatScreen(Screen):
         self.show_status()
 
     # ---- helpers --------------------------------------------------------------------
+
+    def _context_of_saved_turns(self) -> int:
+        """Tokens the conversation takes after its last finished reply: that reply's prompt and tokens."""
+        turns = self.engine.conversation.turns
+        if not turns:
+            return 0
+        reply = turns[-1].reply
+        return reply.stats.get("prompt_tokens", 0) + len(reply.token_ids)
 
     def add_notice(self, text, kind: str = "info") -> None:
         self.query_one("#transcript", VerticalScroll).mount(Notice(text, kind))
@@ -414,4 +431,4 @@ class ChatScreen(Screen):
         waiting = self.replying and self.current is not None and self.current.waiting
         doing = self.working or ("stopping" if self.stopping else "waiting for the first token" if waiting else "")
         busy = doing + " ..." if doing else ""
-        self.query_one(StatusLine).show(stats, connection, busy)
+        self.query_one(StatusLine).show(stats, connection, busy, (self.context_used, self.engine.context_limit))

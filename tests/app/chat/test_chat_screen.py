@@ -416,3 +416,21 @@ async def test_retry_copy_and_edit_act_on_the_last_reply(chat_settings, tiny_ser
     saved = app.engine.conversation.load(path)
     assert [(t.number, t.user) for t in saved.turns] == [(1, "first question"), (2, "second question, better put")]
     assert saved.turns[0].reply.text == first_reply and len(saved.turns[1].reply.provenance) == 16
+
+
+async def test_the_context_meter_counts_what_the_conversation_takes_of_the_context(chat_settings):
+    """After each reply the status line shows the prompt and reply tokens of the context, growing
+    turn by turn; a new chat starts it again."""
+    app = ChatApp(chat_settings(offline=True, max_tokens=16, context=256))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(pilot)
+        status = app.screen.query_one(StatusLine)
+        assert "ctx" not in _plain(status)
+        used = []
+        for text in ("hello", "and more words to make it grow", "once more"):
+            turn = await answered(pilot, text)
+            used.append(turn.reply.stats["prompt_tokens"] + len(turn.reply.provenance))
+            assert f"ctx {used[-1]:,}/256" in _plain(status), _plain(status)
+        assert used[0] < used[1] < used[2]
+        await send(pilot, "/clear")
+        assert "ctx" not in _plain(status)
