@@ -67,7 +67,7 @@ class ChatScreen(Screen):
         self.engine = engine
         engine.listener = ScreenListener(self)  # the engine's reports become this screen's messages
         self.commands = SlashHandlers(self)
-        self.marks = True  # provenance marks on: the point of the tool; ctrl+t shows rendered Markdown
+        self.marks = settings.marks  # provenance marks: the point of the tool; ctrl+t shows rendered Markdown
         self.ready = False
         self.replying = False
         self.working = ""  # what a slow command is doing ("connecting ..."), shown in the status line

@@ -14,6 +14,7 @@ import os
 import time
 from pathlib import Path
 
+from app.chat.chat_config import FROM_CONFIG, chat_defaults
 from app.chat.settings import ChatSettings
 from app.chat.store import ChatInUse, ChatNotFound, ChatStore
 from app.generation_flags import sampling_params
@@ -63,6 +64,14 @@ def list_chats(store: ChatStore) -> int:
 
 
 def settings_from(args: argparse.Namespace, store: ChatStore) -> ChatSettings:
+    defaults = chat_defaults()
+    args = argparse.Namespace(**vars(args))  # the flags given, the config file's [chat] for the others
+    if args.k is FROM_CONFIG:
+        args.k = defaults.k
+    if args.temperature is FROM_CONFIG:
+        args.temperature = defaults.temperature
+    if args.system is None:
+        args.system = defaults.system
     params = sampling_params(args)
     problems = [f"--max-tokens must be 1 or more, got {args.max_tokens}"] if args.max_tokens < 1 else []
     problems += [f"--context must be 64 or more, got {args.context}"] if args.context < 64 else []
@@ -80,7 +89,7 @@ def settings_from(args: argparse.Namespace, store: ChatStore) -> ChatSettings:
         draft=draft, target=target, target_problem=target_problem, pair=args.pair, backend=args.backend, server=args.server,
         token=read_token_file(args.token_file), ca_file=args.ca_file, offline=args.offline, k=args.k,
         params=params, seed=args.seed, system=args.system, max_tokens=args.max_tokens, context=args.context,
-        draft_gpu_layers=args.draft_gpu_layers, resume=resume, chats_dir=store.root)
+        draft_gpu_layers=args.draft_gpu_layers, resume=resume, chats_dir=store.root, marks=defaults.marks)
 
 
 def embedded_target(args: argparse.Namespace) -> tuple[str | None, str | None]:

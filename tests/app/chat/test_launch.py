@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from app.chat.launch import settings_from
 from app.chat.store import ChatStore, ReplyEnded, UserMessage
-from app.cli import main
+from app.cli import build_parser, main
+from app.user_error import UserError
 
 
 def test_a_missing_draft_model_names_the_fetch_command(tmp_path, monkeypatch, capsys):
@@ -63,3 +68,26 @@ def test_each_chat_process_logs_into_a_file_of_its_own_and_old_logs_are_removed(
     remaining = sorted(f.name for f in folder.glob("chat-*.log"))
     assert len(remaining) == 20 and "chat-20200101-000024-1.log" in remaining
     assert "chat-20200101-000005-1.log" not in remaining
+
+
+def test_the_config_files_chat_table_sets_defaults_and_flags_win(tiny, tmp_path, monkeypatch):
+    """[chat] k, temperature, system and marks become the chat's settings unless a flag says otherwise;
+    a wrong value names the file and the key."""
+    config = tmp_path / "config.toml"
+    config.write_text('[chat]\nk = 2\ntemperature = 0.5\nsystem = "be brief"\nmarks = false\n')
+    monkeypatch.setenv("SPECWIRE_CONFIG", str(config))
+    store = ChatStore(tmp_path / "chats")
+    parse = build_parser().parse_args
+    settings = settings_from(parse(["chat", "--draft", str(tiny.draft)]), store)
+    assert (settings.k, settings.params.temperature, settings.system, settings.marks) == (2, 0.5, "be brief", False)
+    settings = settings_from(parse(["chat", "--draft", str(tiny.draft), "--k", "auto", "--temperature", "0",
+                                    "--system", "mine"]), store)
+    assert (settings.k, settings.params.temperature, settings.system) == (None, 0.0, "mine")
+    config.write_text("")
+    settings = settings_from(parse(["chat", "--draft", str(tiny.draft)]), store)
+    assert (settings.k, settings.params.temperature, settings.system, settings.marks) == (None, 0.0, None, True)
+    for bad, message in (('k = "many"', "[chat] k"), ("temperature = true", "temperature must be a number"),
+                         ('marks = "no"', "marks must be true or false"), ("colour = 1", "no setting colour")):
+        config.write_text(f"[chat]\n{bad}\n")
+        with pytest.raises(UserError, match=re.escape(message)):
+            settings_from(parse(["chat", "--draft", str(tiny.draft)]), store)
