@@ -56,6 +56,7 @@ class ChatScreen(Screen):
     BINDINGS = [
         Binding("escape", "stop_reply", "Stop"),
         Binding("ctrl+t", "toggle_marks", "Marks"),
+        Binding("ctrl+o", "list_chats", "Chats"),
         # priority: the prompt box has the focus and would move its cursor instead
         Binding("pageup", "scroll_transcript(-1)", "Scroll up", show=False, priority=True),
         Binding("pagedown", "scroll_transcript(1)", "Scroll down", show=False, priority=True),
@@ -89,10 +90,7 @@ class ChatScreen(Screen):
             if self.settings.resume:
                 yield Notice(f"resumed chat {conversation.chat_id}: {len(conversation.turns)} turn"
                              f"{'s' if len(conversation.turns) != 1 else ''}")
-            for turn in conversation.turns:
-                yield UserTurn(turn.user)
-                yield AssistantTurn(turn.number, self.marks, self.settings.steady_display,
-                                    reply=dataclasses.replace(turn.reply))
+            yield from self._turn_widgets()
             yield LoadingPanel(self.settings.steady_display)
         prompt = PromptInput(sent_prompts=[turn.user for turn in conversation.turns], id="prompt")
         prompt.disabled = True
@@ -101,6 +99,23 @@ class ChatScreen(Screen):
         yield prompt
         yield StatusLine(self.settings.steady_display, id="status")
         yield Footer()
+
+    def _turn_widgets(self):
+        for turn in self.engine.conversation.turns:
+            yield UserTurn(turn.user)
+            yield AssistantTurn(turn.number, self.marks, self.settings.steady_display,
+                                reply=dataclasses.replace(turn.reply))
+
+    async def show_conversation(self) -> None:
+        """The engine opened another saved chat: show its turns instead of this one's."""
+        transcript = self.query_one("#transcript", VerticalScroll)
+        await transcript.remove_children()
+        await transcript.mount_all(list(self._turn_widgets()))
+        self.query_one(PromptInput).sent_prompts[:] = [turn.user for turn in self.engine.conversation.turns]
+        self.stats = self.engine.live_stats()
+        self.context_used = self._context_of_saved_turns()
+        self.follow_transcript()
+        self.show_status()
 
     def chat_title(self) -> str:
         if self.settings.server:
@@ -310,6 +325,9 @@ class ChatScreen(Screen):
             return self.replying  # shown in the footer only while a reply streams
         return True
 
+    async def action_list_chats(self) -> None:
+        await self.run_command_text("/chats", keep_prompt=True)
+
     def action_scroll_transcript(self, pages: int) -> None:
         transcript = self.query_one("#transcript", VerticalScroll)
         if pages < 0:
@@ -329,7 +347,7 @@ class ChatScreen(Screen):
 
     # ---- slash commands -------------------------------------------------------------
 
-    async def run_command_text(self, text: str) -> None:
+    async def run_command_text(self, text: str, keep_prompt: bool = False) -> None:
         """Carry out `/name argument`; on an error the text stays in the box to be fixed.
 
         A command may return text for the box (/edit), which then replaces the command."""
@@ -347,6 +365,9 @@ class ChatScreen(Screen):
             self.add_notice(f"{text.split()[0]} failed: {exc!r} (details in the log file)", "error")
             return
         prompt = self.query_one(PromptInput)
+        if keep_prompt:  # from a key, not typed: what is in the box stays
+            self.follow_transcript()
+            return
         prompt.remember(text)
         prompt.clear()
         if for_the_box:

@@ -214,6 +214,25 @@ class ChatEngine:
             if self.speculator is not None:
                 self.speculator.stats = GenerationStats()  # the status line's figures start again
 
+    def open_chat(self, chat_id: str) -> None:
+        """Continue another saved chat instead of this one (which stays saved). ChatInUse if another
+        running chat holds it."""
+        with self._lock:
+            if self.busy:
+                raise BusyError("a reply is in progress")
+            if chat_id == self.conversation.chat_id:
+                raise ValueError(f"chat {chat_id} is the one open here")
+            chat = self.store.reopen(chat_id)
+            if self.chat is not None:
+                self.chat.close()
+            self.chat = chat
+            self.conversation = Conversation.load(chat.path)
+            self.dropped_turns = 0
+            if self.prompts is not None:
+                self.prompts.forget()  # its tokens were this chat's
+            if self.speculator is not None:
+                self.speculator.stats = GenerationStats()
+
     def withdraw_last(self):
         """Take the last turn back (/retry, /edit): the saved chat records it, the model no longer sees it."""
         with self._lock:

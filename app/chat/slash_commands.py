@@ -31,6 +31,7 @@ COMMANDS = [
     SlashCommand("marks", "/marks", "provenance marks on or off (ctrl+t)"),
     SlashCommand("stats", "/stats", "statistics of every turn and of the whole chat"),
     SlashCommand("save", "/save [FILE]", "write the chat as Markdown (default: ./specwire-chat-ID.md)", True),
+    SlashCommand("chats", "/chats [open|delete N|ID]", "the saved chats (ctrl+o); open or delete one", True),
     SlashCommand("clear", "/clear", "start a new chat (this one stays saved)"),
     SlashCommand("quit", "/quit", "leave (ctrl+q); the chat is saved as it goes"),
 ]
@@ -63,5 +64,6 @@ def help_text() -> str:
     lines = [f"{command.usage:{width}}  {command.help}" for command in COMMANDS]
     lines += ["",
               "enter sends · ctrl+j or alt+enter: a new line · up/down: earlier prompts · //x sends /x",
-              "esc stops a reply (keeping what came) · pgup/pgdn scroll · ctrl+t marks · ctrl+p commands · ctrl+q quits"]
+              "esc stops a reply (keeping what came) · pgup/pgdn scroll · ctrl+t marks · ctrl+o chats · ctrl+p commands",
+              "ctrl+q quits"]
     return "\n".join(lines)

@@ -183,12 +183,13 @@ class ChatStore:
             if not closed:
                 raise ChatInUse(f"every saved chat in {self.root} is open in another `specwire chat`")
             return closed[0].path
-        path = self._find(chat_id)
+        path = self.path_of_any(chat_id)
         if in_use(path):
             raise ChatInUse(f"chat {path.stem} is open in another `specwire chat`: quit that one first")
         return path
 
-    def _find(self, chat_id: str) -> Path:
+    def path_of_any(self, chat_id: str) -> Path:
+        """The file of a chat by id (or a unique start of one), whether or not a running chat holds it."""
         exact = self.root / f"{chat_id}.jsonl"
         if exact.is_file():
             return exact
@@ -199,6 +200,12 @@ class ChatStore:
             raise ChatNotFound(f"no saved chat {chat_id!r}: `specwire chat --list` shows them")
         raise ChatNotFound(f"{chat_id!r} matches {len(matches)} chats ({', '.join(m.stem for m in matches[:4])}"
                            f"{' ...' if len(matches) > 4 else ''}): give more of the id")
+
+    def delete(self, chat_id: str) -> Path:
+        """Remove a saved chat; ChatInUse if a running chat holds it."""
+        path = self.path_of(chat_id)
+        path.unlink()
+        return path
 
     def list(self) -> list[ChatSummary]:
         """Every saved chat, the most recently changed first."""

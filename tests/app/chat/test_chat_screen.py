@@ -444,3 +444,35 @@ async def test_marks_off_in_the_settings_starts_with_rendered_markdown(chat_sett
         turn = await answered(pilot, "hello")
         assert not turn.query_one(MarkedText).display and turn.query_one("Markdown").display
         assert "marks off" in _plain(app.screen.query_one(Legend))
+
+
+async def test_saved_chats_are_listed_opened_and_deleted_inside_the_app(chat_settings):
+    """/chats (and ctrl+o) lists the saved chats; /chats open N shows that chat and goes on in its file;
+    /chats delete removes another one and refuses the one open here."""
+    app = ChatApp(chat_settings(offline=True, max_tokens=8))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(pilot)
+        screen = app.chat_screen
+        await answered(pilot, "the first chat")
+        first = app.engine.conversation.chat_id
+        await send(pilot, "/clear")
+        await answered(pilot, "the second chat")
+        second = app.engine.conversation.chat_id
+        await pilot.press("ctrl+o")
+        listing = _plain(screen.query(Notice).last())
+        assert f"{second}" in listing and "(this chat)" in listing and "the first chat" in listing
+        assert listing.index(second) < listing.index(first)  # newest first
+
+        await send(pilot, "/chats open 2")
+        assert app.engine.conversation.chat_id == first
+        assert [_plain(u.query_one(".body")) for u in screen.query(UserTurn)] == ["the first chat"]
+        assert f"opened chat {first}: 1 turn" in _plain(screen.query(Notice).last())
+        await answered(pilot, "back to the first")
+        assert [t.user for t in app.engine.conversation.load(app.engine.chat.path).turns] == [
+            "the first chat", "back to the first"]
+
+        await send(pilot, f"/chats delete {first}")
+        assert "the chat open here" in _plain(screen.query(Notice).last())
+        await send(pilot, f"/chats delete {second}")
+        assert f"deleted chat {second}" in _plain(screen.query(Notice).last())
+        assert [s.id for s in app.engine.store.list()] == [first]
