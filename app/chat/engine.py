@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Callable
 
 from app.chat.conversation import LETTER, Conversation
@@ -52,6 +53,7 @@ class ChatEngine:
         self.dropped_turns = 0  # oldest turns left out of the last prompt
         self._end_ids: frozenset[int] = frozenset()  # the drafter's end-of-generation tokens
         self._lock = threading.RLock()  # one blocking operation at a time
+        self._reply_started = 0.0
 
     # ---- state ----------------------------------------------------------------------
 
@@ -253,6 +255,7 @@ class ChatEngine:
     def reply(self, text: str, should_stop: Callable[[], bool]) -> ReplyOutcome:
         """Save the user's message, generate the reply, save it as it comes. ValueError if it cannot fit."""
         with self._lock:
+            self._reply_started = time.perf_counter()  # the time to the first token counts from here
             messages, dropped = self.conversation.fit(text, self.prompts.count, self._prompt_budget())
             prompt_text = self.template.render(messages)
             prompt = self.prompts.of(prompt_text)
@@ -271,7 +274,11 @@ class ChatEngine:
                 self.current_turn = None
 
     def _generate(self, turn: int, prompt_text: str, prompt: list[int], should_stop) -> ReplyOutcome:
+        first_token_s = []
+
         def on_round(tokens: list[int], provenance: list[str], pieces: list[str]) -> None:
+            if not first_token_s:
+                first_token_s.append(round(time.perf_counter() - self._reply_started, 4))
             self._write(Committed(turn, tokens, "".join(LETTER[p] for p in provenance), pieces))
             self.listener.committed(turn, provenance, pieces, self.live_stats())
 
@@ -293,6 +300,8 @@ class ChatEngine:
             counts = {name: 0 for name in LETTER}
             for p in self.conversation.reply_of(turn).provenance:
                 counts[p] += 1
+            # as the user waits for it: with the prompt's making, not only the Speculator's part
+            stats["first_token_s"] = first_token_s[0] if first_token_s else None
             stats.update(mode=self.mode, k="auto" if self.k is None else self.k,
                          temperature=self.params.temperature, prompt_tokens=len(prompt), **counts)
             self._write(ReplyEnded(turn, stop_reason, stats), durable=True)

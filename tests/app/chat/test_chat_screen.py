@@ -19,6 +19,7 @@ from app.chat.launch import embedded_target
 from app.cli import build_parser
 from app.chat.problem_screen import ProblemScreen
 from app.chat.widgets.assistant_turn import AssistantTurn
+from app.chat.widgets.foreground import foreground_style
 from app.chat.widgets.marked_text import MarkedText
 from app.chat.widgets.prompt_input import PromptInput
 from app.chat.widgets.status_line import StatusLine
@@ -134,7 +135,7 @@ async def test_killing_the_service_mid_reply_goes_offline_marked_and_verifies_ag
         notes = _plain(turn.query_one(".notes"))
         assert "lost the verification service" in notes and "unverified tokens are marked" in notes
         assert "unverified" in _plain(turn.query_one(".summary"))
-        offline_style = turn.query_one(MarkedText).get_component_rich_style("provenance--offline")
+        offline_style = foreground_style(turn.query_one(MarkedText), "provenance--offline")
         spans = turn.query_one(MarkedText)._text.spans
         assert offline_style.italic and any(span.style == offline_style for span in spans)
 
