@@ -39,6 +39,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=int, default=int(env("SPECWIRE_PORT", "8765")), help="0 picks a free port")
     serve.add_argument("--token-file", default=env("SPECWIRE_TOKEN_FILE"),
                        help="file holding the bearer token clients must send")
+    serve.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
+                       help="score a verified block with the bits of its tokens decoded one at a time, so "
+                       "greedy output equals the target alone even at near-ties (default: on for llamacpp, "
+                       "whose invariant kernels cost a share of each pass; off for torch, where it means "
+                       "one pass per token; onnx has no such mode)")
     serve.add_argument("--max-draft", type=int, default=32, help="longest draft block per round (default: %(default)s)")
     serve.add_argument("--max-context", type=int, default=4096,
                        help="longest history per session (default: %(default)s)")
@@ -68,9 +73,10 @@ def add_service_arguments(serve: argparse.ArgumentParser) -> None:
     limits.add_argument("--max-sessions", type=int, default=DEFAULTS.max_sessions,
                         help="concurrent sessions; more get HTTP 503 with Retry-After (default: %(default)s)")
     limits.add_argument("--idle-timeout", type=float, default=DEFAULTS.idle_timeout_s, metavar="SECONDS",
-                        help="close a session silent this long (default: %(default)s)")
+                        help="close a session when neither side has sent a frame for this long (default: %(default)s)")
     limits.add_argument("--rate", type=float, default=DEFAULTS.rate_per_s, metavar="PER_SECOND",
-                        help="requests a second per connection, sustained (default: %(default)s)")
+                        help="requests a second per connection, sustained; a frame counts one per 4 KiB "
+                        "(default: %(default)s)")
     limits.add_argument("--rate-burst", type=int, default=DEFAULTS.rate_burst,
                         help="requests per connection in a burst (default: %(default)s)")
     limits.add_argument("--retry-after", type=float, default=DEFAULTS.retry_after_s, metavar="SECONDS",
@@ -84,7 +90,7 @@ def add_service_arguments(serve: argparse.ArgumentParser) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     from remote_verify.access import exposure_problem, is_loopback, server_tls_context
     from remote_verify.backends import load_backend
-    from remote_verify.logs import use_json_logs
+    from remote_verify.logs import escape_log_messages, use_json_logs
     from remote_verify.server import ServiceConfig, TargetLoadError, VerifyService
     from remote_verify.session import SessionLimits
 
@@ -94,6 +100,7 @@ def run_serve(args: argparse.Namespace) -> int:
         exit_with_parent()
     if args.log_format == "json":
         use_json_logs()
+    escape_log_messages()  # a client's text never starts a line of its own in the log
     token = read_token_file(args.token_file)
     problem = exposure_problem(args.host, token, args.insecure_no_auth)
     if problem:
@@ -121,8 +128,8 @@ def run_serve(args: argparse.Namespace) -> int:
     config = ServiceConfig(host=args.host, port=args.port, token=token, tls=tls,
                            limits=SessionLimits(max_draft=args.max_draft, max_context=args.max_context),
                            service_limits=limits)
-    service = VerifyService(lambda: load_backend(args.backend, target, device=args.device, threads=args.threads),
-                            config)
+    service = VerifyService(lambda: load_backend(args.backend, target, device=args.device, threads=args.threads,
+                                                     batch_invariant=args.batch_invariant), config)
 
     def announce(url: str) -> None:
         print(f"listening on {url}", flush=True)

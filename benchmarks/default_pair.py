@@ -24,8 +24,8 @@ from app.bench.prompts import PROMPTS
 def start_service(backend: str) -> tuple[subprocess.Popen, str, float]:
     started = time.perf_counter()
     process = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--backend", backend, "--port", "0"],
-        stdout=subprocess.PIPE, text=True)
+        [sys.executable, "-m", "app.cli", "serve", "--backend", backend, "--port", "0", "--exit-with-parent"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # the service ends with us, however we end
     line = process.stdout.readline()
     if not line.startswith("listening on "):
         process.kill()

@@ -1,7 +1,7 @@
 """Many concurrent sessions against one verification service: latency, parity, memory.
 
     .venv/bin/python -m benchmarks.load [--sessions 32] [--rounds 50] [--k 4]
-                                        [--backend llamacpp|torch] [--json]
+                                        [--backend llamacpp|torch] [--attack N] [--json]
 
 Builds the tiny models in a temporary folder (or takes --target/--draft), starts
 `specwire serve` as a child process, and computes each prompt's reference continuation
@@ -12,7 +12,8 @@ session connects, all start together, and each generates greedily, prompt after 
 until it has done at least --rounds verification rounds. Every reply must equal its
 reference. Prints verify latency percentiles (round trip at the client, time queued for
 the device, the service's forward pass and acceptance), errors, and the service's
-resident memory before, at the peak of, and after the wave.
+resident memory before, at the peak of, and after the wave. `--attack N` runs the load
+alone and then beside N attacking connections instead (benchmarks/attack.py).
 """
 
 from __future__ import annotations
@@ -68,16 +69,24 @@ def pin_to_one_cpu() -> None:
 
 
 class TimedClient(VerifyClient):
-    """A client that keeps, per round, (round trip, time queued, service time)."""
+    """A client that keeps, per round, (round trip, time queued, service time).
+
+    The speculator sends a round and receives its verdict in two calls (it may draft in
+    between), so a round is timed from its send to its verdict.
+    """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.samples: list[tuple[float, float, float]] = []
+        self._sent = 0.0
 
-    def verify(self, request: Verify):
-        started = time.perf_counter()
-        verdict = super().verify(request)
-        self.samples.append((time.perf_counter() - started, verdict.queue_s, verdict.forward_s + verdict.accept_s))
+    def send_verify(self, request: Verify) -> None:
+        self._sent = time.perf_counter()
+        super().send_verify(request)
+
+    def receive_verdict(self):
+        verdict = super().receive_verdict()
+        self.samples.append((time.perf_counter() - self._sent, verdict.queue_s, verdict.forward_s + verdict.accept_s))
         return verdict
 
 
@@ -119,8 +128,8 @@ class Service:
     def __init__(self, target: Path, backend: str, max_sessions: int, pinned: bool = False):
         self.process = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "serve", "--target", str(target), "--backend", backend,
-             "--port", "0", "--max-sessions", str(max_sessions)],
-            stdout=subprocess.PIPE, text=True, preexec_fn=pin_to_one_cpu if pinned else None)
+             "--port", "0", "--max-sessions", str(max_sessions), "--exit-with-parent"],  # gone when we are
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=pin_to_one_cpu if pinned else None)
         line = self.process.stdout.readline()
         if not line.startswith("listening on "):
             self.process.kill()
@@ -258,8 +267,25 @@ def main() -> None:
     parser.add_argument("--target", help="target model (default: the tiny one)")
     parser.add_argument("--draft", help="draft model GGUF (default: the tiny one)")
     parser.add_argument("--pin-service", action="store_true", help="run the service on one CPU (Linux)")
+    parser.add_argument("--attack", type=int, default=0, metavar="N",
+                        help="instead: the load alone and beside N attacking connections, then the memory "
+                        "attack (benchmarks/attack.py; tiny models, llama.cpp)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.attack:
+        from benchmarks import attack
+
+        with tempfile.TemporaryDirectory() as folder:
+            from models.tiny import build_tiny_models
+
+            tiny = build_tiny_models(Path(folder), seed=0)
+            report = attack.run(tiny.target_gguf, tiny.draft, args.sessions, args.rounds, args.attack,
+                                memory_connections=args.sessions, k=args.k, max_tokens=args.max_tokens)
+        if args.json:
+            print(json.dumps(report, indent=1))
+        else:
+            attack.print_report(report)
+        return
     with tempfile.TemporaryDirectory() as folder:
         if not (args.target and args.draft):
             from models.tiny import build_tiny_models

@@ -36,6 +36,10 @@ from wire.protocol import (
 log = logging.getLogger(__name__)
 
 SECONDS_PER_NEW_TOKEN = 0.05  # a generous CPU prefill rate for a 1.5B target
+# Past that, a service that answers pings is working (a long prompt, other sessions ahead in its
+# queue): it is waited for up to this rate, slower than any target we run, so that a hung forward
+# pass is still found out in the end.
+SLOWEST_SECONDS_PER_NEW_TOKEN = 1.0
 CLOSE_TIMEOUT_S = 2.0  # a live service answers a close at once; do not wait on a dead one
 RATE_LIMIT_RETRIES = 3  # a rate-limited request is sent again after the service's hint, this often
 MAX_RETRY_WAIT_S = 5.0  # and never after more than this
@@ -93,6 +97,7 @@ class VerifyClient:
         self.bytes_received = 0
         self._early_reply: bytes | None = None  # a reply read by reply_ready(), not yet consumed
         self._reply_timeout = stall_timeout_s
+        self._longest_wait = stall_timeout_s  # with pings answered
         self._sent_at = 0.0
         self._in_flight: tuple = (None, 0)  # the last request sent and its new tokens, to resend
         headers = {"Authorization": f"Bearer {token}"} if token else None
@@ -151,7 +156,7 @@ class VerifyClient:
         frame = self._receive_retrying(Generated) if first else self._receive(Generated)
         # the next frame is one more token away
         self._sent_at = time.monotonic()
-        self._reply_timeout = self.stall_timeout_s + SECONDS_PER_NEW_TOKEN
+        self._set_deadlines(1)
         return frame
 
     def send_cancel(self, request: Cancel) -> None:
@@ -196,9 +201,7 @@ class VerifyClient:
     def _send(self, message, new_tokens: int) -> None:
         self._in_flight = (message, new_tokens)
         frame = encode(message)
-        # A stalled link looks like a slow service: allow the service time for the tokens it
-        # must run (a long prompt on a CPU takes seconds), then call the link stalled.
-        self._reply_timeout = self.stall_timeout_s + SECONDS_PER_NEW_TOKEN * new_tokens
+        self._set_deadlines(new_tokens)
         self._sent_at = time.monotonic()
         try:
             self._ws.send(frame)
@@ -206,18 +209,45 @@ class VerifyClient:
             raise ServiceUnreachable(f"lost the verification service at {self.url}: {exc}") from exc
         self.bytes_sent += len(frame)
 
-    def _receive(self, expected: type):
-        reply_frame, self._early_reply = self._early_reply, None
-        if reply_frame is None:
+    def _set_deadlines(self, new_tokens: int) -> None:
+        # A stalled link looks like a slow service: allow the service time for the tokens it
+        # must run (a long prompt on a CPU takes seconds), then ask it whether it is alive.
+        self._reply_timeout = self.stall_timeout_s + SECONDS_PER_NEW_TOKEN * new_tokens
+        self._longest_wait = self.stall_timeout_s + SLOWEST_SECONDS_PER_NEW_TOKEN * new_tokens
+
+    def _wait_for_reply(self) -> bytes:
+        """The next frame. Past the expected time, wait on while the service answers pings: a long
+        prompt is work, not a lost service; a stalled or frozen one answers no ping."""
+        while True:
             # the deadline counts from the send: time spent drafting ahead is not extra slack
             remaining = self._reply_timeout - (time.monotonic() - self._sent_at)
             try:
-                reply_frame = self._ws.recv(timeout=max(remaining, 0.0))
-            except TimeoutError as exc:
-                raise ServiceUnreachable(f"the verification service at {self.url} did not answer "
-                                         f"within {self._reply_timeout:.0f} s") from exc
+                return self._ws.recv(timeout=max(remaining, 0.0))
+            except TimeoutError:
+                pass
             except (ConnectionClosed, OSError) as exc:
                 raise ServiceUnreachable(f"lost the verification service at {self.url}: {exc}") from exc
+            waited = time.monotonic() - self._sent_at
+            if waited >= self._longest_wait:
+                raise ServiceUnreachable(f"the verification service at {self.url} did not answer "
+                                         f"within {waited:.0f} s")
+            if not self._answers_ping():
+                raise ServiceUnreachable(f"the verification service at {self.url} did not answer "
+                                         f"within {waited:.0f} s, nor a ping")
+            log.info("the service is still working after %.0f s: waiting on", waited)
+            self._reply_timeout = min(waited + self.stall_timeout_s, self._longest_wait)
+
+    def _answers_ping(self) -> bool:
+        try:
+            pong = self._ws.ping()
+        except (ConnectionClosed, OSError):
+            return False
+        return pong.wait(self.stall_timeout_s)
+
+    def _receive(self, expected: type):
+        reply_frame, self._early_reply = self._early_reply, None
+        if reply_frame is None:
+            reply_frame = self._wait_for_reply()
         self.bytes_received += len(reply_frame)
         reply = decode_server_message(reply_frame)
         if isinstance(reply, Error):

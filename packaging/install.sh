@@ -6,6 +6,7 @@
 #   SPECWIRE_TORCH      the torch requirement (default torch==2.13.0). For a CPU-only build
 #                       elsewhere: SPECWIRE_TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
 #   CMAKE_ARGS          passed to the llama.cpp build, e.g. "-DGGML_CUDA=on" for a CUDA drafter
+#                       (-DGGML_LLAMAFILE=OFF is always added)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,9 +32,14 @@ if [[ -z "${CMAKE_ARGS:-}" ]] && grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; th
     export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
 -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON"
 fi
-if ! .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
+# Without llamafile's tinyBLAS, whose float products of 2+ rows sum in another order than
+# one row's: the target's verified blocks then score like tokens decoded one at a time
+# (remote_verify/backends/llamacpp_backend.py). An older build that has it is rebuilt.
+export CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_LLAMAFILE=OFF"
+if ! .venv/bin/python -c "import llama_cpp, sys; sys.exit(llama_cpp.llama_cpp._lib.ggml_cpu_has_llamafile())" 2>/dev/null; then
     # no wheel cache: a wheel built earlier with other CMAKE_ARGS must not be reused
-    .venv/bin/python -m pip install --quiet --no-cache-dir "llama-cpp-python>=0.3.8"
+    .venv/bin/python -m pip install --quiet --no-cache-dir --force-reinstall --no-deps "llama-cpp-python>=0.3.8"
+    .venv/bin/python -m pip install --quiet "llama-cpp-python>=0.3.8"  # its dependencies, if new
 fi
 .venv/bin/python -m pip install --quiet -e ".[${extras}]"
 if [[ "${1:-}" == "--dev" ]] && ! command -v tmux >/dev/null; then

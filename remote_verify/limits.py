@@ -15,12 +15,14 @@ class TokenBucket:
         self._tokens = float(burst)
         self._at = clock()
 
-    def take(self) -> float:
-        """Take a token: 0.0 if there was one, else the seconds until there will be."""
+    def take(self, cost: int = 1) -> float:
+        """Take `cost` tokens (at most the burst): 0.0 if there were as many, else the seconds
+        until there will be."""
+        cost = min(cost, self.burst)
         now = self._clock()
         self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
         self._at = now
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
+        if self._tokens >= cost:
+            self._tokens -= cost
             return 0.0
-        return (1.0 - self._tokens) / self.rate
+        return (cost - self._tokens) / self.rate

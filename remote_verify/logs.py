@@ -4,6 +4,12 @@
 (readable as text) and on the record as `session` (a field of its own in JSON lines).
 `use_json_logs()` switches the process's handlers to one JSON object per line, for log
 collectors (`specwire serve --log-format json`).
+
+Clients choose some of the text that is logged (their name, their vocabulary fingerprint,
+the values in a frame refused). A newline in it would start a line of the client's making
+in the service's log: `printable()` escapes such text where it is logged, and
+`escape_log_messages()` escapes every message of the process's handlers again, in text or
+JSON, so that one record is one line whatever reaches it.
 """
 
 from __future__ import annotations
@@ -11,6 +17,39 @@ from __future__ import annotations
 import json
 import logging
 import time
+
+
+def printable(text: str, limit: int | None = None) -> str:
+    """`text` (its first `limit` characters) with every character that is not printable
+    (newlines, terminal escape sequences, line separators) written as its escape: `\\n`, `\\x1b`."""
+    text = text[:limit] if limit is not None else text
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
+class EscapeControlCharacters(logging.Filter):
+    """Rewrites a record whose message holds a character that is not printable, escaped.
+
+    A traceback (exc_info) is formatted apart from the message and keeps its lines.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        escaped = printable(message)
+        if escaped != message:
+            record.msg, record.args = escaped, None
+        return True
+
+
+def escape_log_messages() -> None:
+    """Give every handler of the root logger the escaping filter (`specwire serve` does, in any format)."""
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig()
+    for handler in root.handlers:
+        if not any(isinstance(each, EscapeControlCharacters) for each in handler.filters):
+            handler.addFilter(EscapeControlCharacters())
 
 
 class SessionLog(logging.LoggerAdapter):

@@ -72,7 +72,13 @@ class DeviceQueue:
                 self._turns.append(session)
             items.append(item)
             self._ready.notify()
-        return await item.future
+        try:
+            return await item.future
+        finally:
+            # An exception raised here keeps this frame in its traceback, and the future holds
+            # the exception: without this `del` the frame leads back to the future through
+            # `item`, a cycle that keeps the request alive until a full garbage collection.
+            del item
 
     def shutdown(self, wait: bool = True) -> None:
         """Take no more work; the worker finishes the items already queued, then stops.
@@ -112,6 +118,9 @@ class DeviceQueue:
                 item.loop.call_soon_threadsafe(_settle, item.future, result, error, started - item.arrived)
             except RuntimeError:  # the event loop has already closed: nobody is waiting
                 log.debug("dropped a result for a closed event loop")
+            # The same on this side: an exception's traceback holds this frame, whose locals
+            # would hold the exception and the item (its request) until the next item came.
+            del item, result, error
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None, queued_s: float) -> None:

@@ -30,10 +30,11 @@ from websockets.protocol import State
 
 from remote_verify.access import bearer_problem
 from remote_verify.backends import TargetBackend
-from remote_verify.frames import BadFrame, hello_problems, read_client_frame
+from remote_verify.frames import BadFrame, FrameReader, frame_cost, hello_problems
+from remote_verify.idle import IdleClock
 from remote_verify.limits import TokenBucket
 from wire.limits import ServiceLimits
-from remote_verify.logs import session_log
+from remote_verify.logs import printable, session_log
 from remote_verify.metrics import ServiceMetrics
 from wire.protocol import (
     CLOSE_GOING_AWAY,
@@ -58,6 +59,10 @@ from remote_verify.server_only import ServerOnlyStream
 log = logging.getLogger(__name__)
 
 TargetLoader = Callable[[], TargetBackend]
+# Frames read ahead per connection while one is answered: a client waits for each reply, so
+# two are enough (a Cancel may cross a request), and each may be max_frame_bytes: this bounds
+# what a connection that pipelines can make the service hold.
+FRAMES_BUFFERED = 2
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,7 @@ class VerifyService:
         self._loader: TargetLoader = (lambda: backend) if hasattr(backend, "forward") else backend
         self.backend: TargetBackend | None = None
         self.limits = config.limits  # capped by the model's own context once it is loaded
+        self.frames = FrameReader(self.limits.max_context, self.limits.max_draft)  # rebuilt with the capped limits
         self.fingerprint = ""
         self.state = "loading"  # then "ready", then "draining"
         self.port: int | None = None  # once listening
@@ -115,6 +121,7 @@ class VerifyService:
                 subprotocols=[SUBPROTOCOL],
                 process_request=self._process_request,
                 max_size=self.guard.max_frame_bytes,
+                max_queue=FRAMES_BUFFERED,
                 ping_interval=self.config.ping_interval_s,
                 ssl=self.config.tls,
             ) as server:
@@ -163,6 +170,7 @@ class VerifyService:
         self.backend, self.fingerprint = backend, fingerprint
         self.limits = SessionLimits(max_draft=self.config.limits.max_draft,
                                     max_context=min(self.config.limits.max_context, backend.max_context))
+        self.frames = FrameReader(self.limits.max_context, self.limits.max_draft)
         return True
 
     async def _drain(self) -> None:
@@ -201,7 +209,12 @@ class VerifyService:
             response.headers["Content-Type"] = self.metrics.content_type
             return response
         if self.config.token is not None:
-            problem = bearer_problem(request.headers.get("Authorization"), self.config.token)
+            authorizations = request.headers.get_all("Authorization")
+            if len(authorizations) > 1:  # which one would count is ambiguous: refuse, do not pick
+                self.metrics.refusals.labels("bad_request").inc()
+                return connection.respond(http.HTTPStatus.BAD_REQUEST,
+                                          f"{len(authorizations)} Authorization headers: send exactly one\n")
+            problem = bearer_problem(authorizations[0] if authorizations else None, self.config.token)
             if problem:
                 self.metrics.refusals.labels("unauthorized").inc()
                 response = connection.respond(http.HTTPStatus.UNAUTHORIZED, problem + "\n")
@@ -233,24 +246,29 @@ class VerifyService:
             return
         slog = session_log(log, session.id)
         bucket = TokenBucket(self.guard.rate_per_s, self.guard.rate_burst)
+        idle = IdleClock(self.guard.idle_timeout_s)  # frames either way keep the session alive
         stream = self._streams[session.id] = ServerOnlyStream(session, partial(self._run_for, session), ws,
-                                                               self.metrics)
+                                                               self.metrics, on_send=idle.touch)
         try:
             while True:
                 try:
-                    async with asyncio.timeout(self.guard.idle_timeout_s):
-                        frame = await ws.recv()
+                    async with asyncio.timeout(idle.remaining_s()):
+                        frame = await ws.recv()  # cancelling recv loses nothing (websockets' asyncio API)
                 except TimeoutError:
+                    if idle.remaining_s() > 0:  # the service sent (a stream) while the client was quiet
+                        continue
                     slog.info("idle for %g s: closing", self.guard.idle_timeout_s)
                     self.metrics.refusals.labels("idle_timeout").inc()
                     await ws.close(CLOSE_IDLE_TIMEOUT, "idle timeout: reconnect and Sync")
                     break
+                idle.touch()
                 arrived = time.perf_counter()
                 self._busy.add(session.id)
                 try:
                     reply = await self._answer(session, frame, bucket, arrived, slog, stream)
                     if reply is not None:  # a stream answers with its own frames
                         await ws.send(encode(reply))
+                        idle.touch()
                 finally:
                     self._busy.discard(session.id)
                 if isinstance(reply, Error):
@@ -258,6 +276,11 @@ class VerifyService:
                     if reply.fatal:
                         await ws.close(CLOSE_PROTOCOL_ERROR, reply.code[:100])
                         break
+                    if reply.retry_after_s > 0:
+                        # Over its rate: read nothing more from this connection until it may send
+                        # again. A client that waits as told loses nothing; one that floods waits
+                        # on its own socket's flow control, not on the service's event loop.
+                        await asyncio.sleep(reply.retry_after_s)
                 if self.state == "draining":
                     await ws.close(CLOSE_GOING_AWAY, "the service is shutting down")
                     break
@@ -272,17 +295,18 @@ class VerifyService:
     async def _answer(self, session: Session, frame: bytes | str, bucket: TokenBucket, arrived: float, slog,
                       stream: ServerOnlyStream):
         """The reply to one frame. A new kind of request is one more branch here."""
-        wait_s = bucket.take()
+        wait_s = bucket.take(frame_cost(frame))  # a large frame costs its sender more of its budget
         if wait_s > 0:
             return Error("rate_limited", f"more than {self.guard.rate_per_s:g} requests a second (burst "
-                         f"{self.guard.rate_burst}) on this connection: send it again in {wait_s:.3f} s",
+                         f"{self.guard.rate_burst}; a frame counts one per 4 KiB) on this connection: send it "
+                         f"again in {wait_s:.3f} s",
                          retry_after_s=wait_s)
         try:
-            message = read_client_frame(frame)
+            message = self.frames.read(frame)
         except BadFrame as exc:
             return Error(exc.code, exc.message)
         except Exception as exc:  # a decoder corner not classified above: still only a bad frame
-            slog.warning("undecodable frame (%s: %s)", type(exc).__name__, exc)
+            slog.warning("undecodable frame (%s: %s)", type(exc).__name__, printable(str(exc), 200))
             return Error("bad_frame", f"could not decode the frame: {type(exc).__name__}")
         seq = getattr(message, "seq", 0)
         try:
@@ -335,7 +359,7 @@ class VerifyService:
         except ConnectionClosed:
             return None
         try:
-            hello = read_client_frame(frame)
+            hello = self.frames.read(frame)
         except Exception as exc:  # BadFrame, or a decoder corner not classified
             await self._refuse(ws, CLOSE_PROTOCOL_ERROR, "bad_hello", f"the first message must be a Hello: {exc}")
             return None
@@ -373,7 +397,7 @@ class VerifyService:
         except ConnectionClosed:
             await self._close_session(session)
             return None
-        session_log(log, session.id).info("opened (%s)", hello.client[:80] or "unnamed client")
+        session_log(log, session.id).info("opened (%s)", printable(hello.client, 80) or "unnamed client")
         return session
 
     async def _close_session(self, session: Session) -> None:
@@ -388,7 +412,7 @@ class VerifyService:
             session.close()  # the worker has stopped: nothing else touches the model now
 
     async def _refuse(self, ws: ServerConnection, close_code: int, code: str, message: str) -> None:
-        log.info("refused a session: %s", message)
+        log.info("refused a session: %s", printable(message, 500))  # it may quote what the client sent
         self.metrics.refusals.labels(code).inc()
         try:
             await ws.send(encode(Error(code, message, fatal=True)))

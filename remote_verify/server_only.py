@@ -36,6 +36,7 @@ async def stream_generation(session: Session, request: Generate, run: RunOnDevic
     """
     made = 0
     reason = "max_tokens"
+    stop_ids = frozenset(request.stop_ids)  # looked up once per token: a set, whatever the client repeated
     while made < request.max_tokens:
         if cancelled.is_set():
             reason = why_cancelled()
@@ -48,7 +49,7 @@ async def stream_generation(session: Session, request: Generate, run: RunOnDevic
         made += 1
         if on_token is not None:
             on_token(forward_s, max(0.0, started - queued))
-        stop = token in request.stop_ids
+        stop = token in stop_ids
         done = stop or made == request.max_tokens
         await send(Generated(seq=request.seq, tokens=[token], committed_len=len(session.committed),
                              done=done, stop_reason=("eos" if stop else "max_tokens") if done else "",
@@ -62,11 +63,13 @@ async def stream_generation(session: Session, request: Generate, run: RunOnDevic
 class ServerOnlyStream:
     """A connection's server-only generation: at most one at a time, cancellable."""
 
-    def __init__(self, session: Session, run: RunOnDevice, ws, metrics=None):
+    def __init__(self, session: Session, run: RunOnDevice, ws, metrics=None,
+                 on_send: Callable[[], None] = lambda: None):
         self.session = session
         self.run = run
         self.ws = ws
         self.metrics = metrics
+        self.on_send = on_send  # each frame sent (the idle timeout counts them)
         self._task: asyncio.Task | None = None
         self._cancelled = asyncio.Event()
         self._why = "cancelled"
@@ -110,6 +113,7 @@ class ServerOnlyStream:
     async def _serve(self, request: Generate, cancelled: asyncio.Event) -> None:
         async def send(frame: Generated) -> None:
             await self.ws.send(encode(frame))
+            self.on_send()
 
         on_token = self.metrics.record_streamed_token if self.metrics is not None else None
         try:

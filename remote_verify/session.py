@@ -19,6 +19,7 @@ import numpy as np
 from remote_verify.acceptance import accept_greedy, accept_sampled
 from remote_verify.backends import TargetBackend
 from remote_verify.memory import give_back_free_memory
+from wire.limits import MAX_STOP_IDS
 from wire.protocol import Generate, SamplingParams, SparseDist, Sync, Synced, Verdict, Verify
 from wire.randomness import Decision, DecisionRandomness, seed_problem
 from wire.sampling import warp
@@ -57,8 +58,7 @@ class Session:
     def verify(self, request: Verify) -> Verdict:
         self._check_seq(request.seq)
         self._check_committed(request.committed_len)
-        self._check_tokens(request.append, "append")
-        self._check_tokens(request.draft, "draft")
+        # lengths before ids: a request over a limit is refused without reading what it holds
         k = len(request.draft)
         if k > self.limits.max_draft:
             raise SessionError("draft_too_long", f"draft of {k} tokens exceeds the limit of {self.limits.max_draft}")
@@ -69,6 +69,8 @@ class Session:
             raise SessionError(
                 "context_full",
                 f"{history} tokens + {k} drafted + 1 exceeds the context limit of {self.limits.max_context}")
+        self._check_tokens(request.append, "append")
+        self._check_tokens(request.draft, "draft")
         draft_dists = None if self.sampling.greedy else self._checked_dists(request)
 
         started = time.perf_counter()
@@ -96,16 +98,18 @@ class Session:
         """Check a server-only request and take its appended tokens into the history."""
         self._check_seq(request.seq)
         self._check_committed(request.committed_len)
-        self._check_tokens(request.append, "append")
-        self._check_tokens(request.stop_ids, "stop_ids")
         if request.max_tokens < 1:
             raise SessionError("bad_request", f"max_tokens must be at least 1, got {request.max_tokens}")
+        if len(request.stop_ids) > MAX_STOP_IDS:
+            raise SessionError("bad_request", f"{len(request.stop_ids)} stop_ids: send at most {MAX_STOP_IDS}")
         history = len(self.committed) + len(request.append)
         if history == 0:
             raise SessionError("empty_context", "nothing to continue: append at least one prompt token (BOS)")
         if history + 1 > self.limits.max_context:
             raise SessionError("context_full", f"{history} tokens leave no room under the context limit "
                                                f"of {self.limits.max_context}")
+        self._check_tokens(request.append, "append")
+        self._check_tokens(request.stop_ids, "stop_ids")
         self.committed += list(request.append)
         self.last_seq = request.seq
 
@@ -127,11 +131,11 @@ class Session:
     def sync(self, request: Sync) -> Synced:
         """Adopt the client's history (and its new seed, if it sends one); keep the cached prefix
         it shares with the old history."""
-        self._check_tokens(request.tokens, "tokens")
-        if seed_problem(request.seed):
-            raise SessionError("bad_seed", seed_problem(request.seed))
         if len(request.tokens) + 1 > self.limits.max_context:
             raise SessionError("context_full", f"history of {len(request.tokens)} tokens exceeds the context limit")
+        if seed_problem(request.seed):
+            raise SessionError("bad_seed", seed_problem(request.seed))
+        self._check_tokens(request.tokens, "tokens")
         common = 0
         limit = min(self.cached_len, len(request.tokens))
         while common < limit and self.committed[common] == request.tokens[common]:
@@ -167,9 +171,10 @@ class Session:
 
     def _check_tokens(self, tokens: list[int], field: str) -> None:
         vocab = self.backend.vocab_size
-        for token in tokens:
-            if not 0 <= token < vocab:
-                raise SessionError("bad_token", f"token id {token} in {field} is out of range [0, {vocab})")
+        if not tokens or (min(tokens) >= 0 and max(tokens) < vocab):  # one pass each in C, not a loop here
+            return
+        token = next(token for token in tokens if not 0 <= token < vocab)
+        raise SessionError("bad_token", f"token id {token} in {field} is out of range [0, {vocab})")
 
     def _checked_dists(self, request: Verify) -> list[SparseDist]:
         """Validate the draft distributions and renormalise them (q must sum to 1)."""

@@ -20,7 +20,7 @@ class ServiceLimits:
     # Each session owns a KV cache sized for the whole context (llama.cpp allocates it at
     # once): the session count is what bounds the service's memory.
     max_sessions: int = 32
-    idle_timeout_s: float = 300.0  # a session silent this long is closed; its client resyncs
+    idle_timeout_s: float = 300.0  # a session silent this long, both ways, is closed; its client resyncs
     # Requests per second per connection, sustained and in a burst. A client sends one
     # request per round (two after a new turn: Sync, Verify). Target-only decoding (k = 0) of
     # a small model on a GPU makes a few hundred rounds a second: the limit is for floods.
@@ -45,3 +45,11 @@ class ServiceLimits:
         if not self.drain_timeout_s >= 0:
             found.append(f"--drain-timeout must be 0 seconds or more, got {self.drain_timeout_s}")
         return found
+
+
+# Bounds on the lists of one request that no service setting changes. A service refuses a
+# longer list while decoding, from the list's length header, before it builds a single
+# element (remote_verify/bounded_messages.py); the lists that grow with the context or the
+# draft are bounded by --max-context and --max-draft instead.
+MAX_DIST_TOKENS = 1024  # ids in one draft distribution (specwire's drafter sends at most 64)
+MAX_STOP_IDS = 256  # stop_ids of one Generate (a chat template has a handful of end tokens)

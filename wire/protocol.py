@@ -25,7 +25,7 @@ PROTOCOL_VERSION = 1
 # Close codes (4000-4999 are free for applications).
 CLOSE_PROTOCOL_ERROR = 4400
 CLOSE_VOCAB_MISMATCH = 4409
-CLOSE_IDLE_TIMEOUT = 4408  # the session sent nothing for too long; reconnect and Sync
+CLOSE_IDLE_TIMEOUT = 4408  # neither side sent anything for too long; reconnect and Sync
 CLOSE_GOING_AWAY = 1001  # the service is shutting down; reconnect (any replica will do)
 
 
@@ -163,7 +163,7 @@ class Welcome(msgspec.Struct, tag="welcome"):
     capabilities: list[str] = []
     protocol: int = PROTOCOL_VERSION
     max_frame_bytes: int = 0  # 0: not stated
-    idle_timeout_s: float = 0.0  # a session silent this long is closed (0: not stated)
+    idle_timeout_s: float = 0.0  # a session silent this long, both ways, is closed (0: not stated)
 
 
 class Verdict(msgspec.Struct, tag="verdict"):

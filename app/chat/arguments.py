@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from app.chat.chat_config import FROM_CONFIG
 from app.generation_flags import add_k_argument, add_sampling_arguments
 from app.threads_flags import add_draft_threads_argument
 
@@ -51,3 +52,5 @@ def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
     chats.add_argument("--resume", nargs="?", const=LATEST, metavar="ID",
                        help="continue a saved chat (default: the latest)")
     chats.add_argument("--list", action="store_true", help="list the saved chats and exit")
+    # not given: the config file's [chat] table decides, then the usual default (app/chat/chat_config.py)
+    parser.set_defaults(k=FROM_CONFIG, temperature=FROM_CONFIG)

@@ -28,6 +28,7 @@ from app.chat.messages import (
     NoteAdded,
     Progress,
     ReplyFinished,
+    ReplyStarted,
     ScreenListener,
     StartupFailed,
     TokensCommitted,
@@ -39,6 +40,7 @@ from app.chat.slash_handlers import SlashHandlers
 from app.chat.state import BusyError, Connection, LiveStats, StartupProblem
 from app.chat.widgets.assistant_turn import AssistantTurn
 from app.chat.widgets.loading_panel import LoadingPanel
+from app.chat.widgets.marked_text import MarkedText
 from app.chat.widgets.prompt_input import PromptInput
 from app.chat.widgets.status_line import StatusLine
 from app.chat.widgets.top_bar import Legend, TopBar
@@ -54,6 +56,10 @@ class ChatScreen(Screen):
     BINDINGS = [
         Binding("escape", "stop_reply", "Stop"),
         Binding("ctrl+t", "toggle_marks", "Marks"),
+        Binding("ctrl+o", "list_chats", "Chats"),
+        # priority: the prompt box has the focus and would move its cursor instead
+        Binding("pageup", "scroll_transcript(-1)", "Scroll up", show=False, priority=True),
+        Binding("pagedown", "scroll_transcript(1)", "Scroll down", show=False, priority=True),
     ]
 
     def __init__(self, settings: ChatSettings, engine: ChatEngine):
@@ -62,15 +68,18 @@ class ChatScreen(Screen):
         self.engine = engine
         engine.listener = ScreenListener(self)  # the engine's reports become this screen's messages
         self.commands = SlashHandlers(self)
-        self.marks = True  # provenance marks on: the point of the tool; ctrl+t shows rendered Markdown
+        self.marks = settings.marks  # provenance marks: the point of the tool; ctrl+t shows rendered Markdown
         self.ready = False
         self.replying = False
         self.working = ""  # what a slow command is doing ("connecting ..."), shown in the status line
+        self.stopping = False  # esc was pressed: the reply ends within a round (ReplyFinished clears it)
         self.stop_requested = threading.Event()
         self.current: AssistantTurn | None = None  # the reply streaming now
         self._unshown: list[TokensCommitted] = []  # rounds committed but not drawn yet
         self.stats = LiveStats(self.engine.mode, settings.k, 0)
         self.problem: StartupProblem | None = None  # the last startup problem shown
+        self.prompt_tokens = 0  # of the reply in progress, or the last one: for the context meter
+        self.context_used = self._context_of_saved_turns()
 
     # ---- layout ---------------------------------------------------------------------
 
@@ -81,10 +90,7 @@ class ChatScreen(Screen):
             if self.settings.resume:
                 yield Notice(f"resumed chat {conversation.chat_id}: {len(conversation.turns)} turn"
                              f"{'s' if len(conversation.turns) != 1 else ''}")
-            for turn in conversation.turns:
-                yield UserTurn(turn.user)
-                yield AssistantTurn(turn.number, self.marks, self.settings.steady_display,
-                                    reply=dataclasses.replace(turn.reply))
+            yield from self._turn_widgets()
             yield LoadingPanel(self.settings.steady_display)
         prompt = PromptInput(sent_prompts=[turn.user for turn in conversation.turns], id="prompt")
         prompt.disabled = True
@@ -93,6 +99,23 @@ class ChatScreen(Screen):
         yield prompt
         yield StatusLine(self.settings.steady_display, id="status")
         yield Footer()
+
+    def _turn_widgets(self):
+        for turn in self.engine.conversation.turns:
+            yield UserTurn(turn.user)
+            yield AssistantTurn(turn.number, self.marks, self.settings.steady_display,
+                                reply=dataclasses.replace(turn.reply))
+
+    async def show_conversation(self) -> None:
+        """The engine opened another saved chat: show its turns instead of this one's."""
+        transcript = self.query_one("#transcript", VerticalScroll)
+        await transcript.remove_children()
+        await transcript.mount_all(list(self._turn_widgets()))
+        self.query_one(PromptInput).sent_prompts[:] = [turn.user for turn in self.engine.conversation.turns]
+        self.stats = self.engine.live_stats()
+        self.context_used = self._context_of_saved_turns()
+        self.follow_transcript()
+        self.show_status()
 
     def chat_title(self) -> str:
         if self.settings.server:
@@ -108,11 +131,20 @@ class ChatScreen(Screen):
 
     def on_mount(self) -> None:
         self.query_one("#transcript", VerticalScroll).anchor()
+        self.app.theme_changed_signal.subscribe(self, self._restyle)
         self.show_status()
         # A fast drafter commits hundreds of rounds a second: redraw at a steady rate instead
         # of once a round, so the screen never holds the generation back.
         self.set_interval(1 / STREAM_FPS, self._show_tokens)
         self.start_engine()
+
+    def _restyle(self, theme) -> None:
+        """A new theme: text styled by provenance or status takes the new colours."""
+        for marked in self.query(MarkedText):
+            marked.restyle()
+        legend = self.query_one(Legend)
+        legend.show(legend.marks)
+        self.show_status()
 
     def on_unmount(self) -> None:
         self.stop_requested.set()
@@ -165,6 +197,8 @@ class ChatScreen(Screen):
 
     def on_startup_failed(self, message: StartupFailed) -> None:
         self.problem = message.problem
+        for panel in self.query(LoadingPanel):
+            panel.stop_clock()  # behind the dialog nothing is being waited for
         self.app.push_screen(ProblemScreen(message.problem), self._after_problem)
 
     def _after_problem(self, answer: str | None) -> None:
@@ -173,7 +207,7 @@ class ChatScreen(Screen):
             self.post_message(EngineReady())
         elif answer == "retry":
             for panel in self.query(LoadingPanel):
-                panel.show("retrying")
+                panel.restart_clock("retrying")
             self.connect_engine(ready=True)
         else:
             self.app.exit(return_code=2, message=f"specwire chat: {self.problem}")
@@ -199,9 +233,15 @@ class ChatScreen(Screen):
         prompt = self.query_one(PromptInput)
         prompt.remember(message.text)
         prompt.clear()
+        await self.start_reply(text)
+
+    async def start_reply(self, text: str) -> None:
+        """Show the message and an empty reply, and generate it on the engine's worker."""
         transcript = self.query_one("#transcript", VerticalScroll)
         self.current = AssistantTurn(self.engine.conversation.next_turn, self.marks, self.settings.steady_display)
         await transcript.mount_all([UserTurn(text), self.current])
+        self.follow_transcript()
+        self.stats = LiveStats(self.engine.mode, self.engine.k, 0)  # the last reply's figures are not this one's
         self._set_replying(True)
         self.run_reply(text)
 
@@ -218,6 +258,12 @@ class ChatScreen(Screen):
         else:
             self.post_message(ReplyFinished(outcome))
 
+    def on_reply_started(self, message: ReplyStarted) -> None:
+        if self.current is not None and self.current.turn == message.turn:
+            self.current.reading(message.prompt_tokens, message.unread_tokens)
+        self.prompt_tokens = self.context_used = message.prompt_tokens
+        self.show_status()
+
     def on_tokens_committed(self, message: TokensCommitted) -> None:
         self._unshown.append(message)  # shown by _show_tokens, at most STREAM_FPS times a second
 
@@ -230,6 +276,7 @@ class ChatScreen(Screen):
             mine = [r for r in rounds if r.turn == self.current.turn]
             await self.current.add([p for r in mine for p in r.pieces], [p for r in mine for p in r.provenance])
         self.stats = rounds[-1].stats
+        self.context_used = self.prompt_tokens + (len(self.current.reply.provenance) if self.current else 0)
         self.show_status()
 
     async def on_reply_finished(self, message: ReplyFinished) -> None:
@@ -240,6 +287,8 @@ class ChatScreen(Screen):
         if message.error:
             self.add_notice(message.error, "error")
         self.current = None
+        self.stopping = False
+        self.context_used = self._context_of_saved_turns()
         self.stats = self.engine.live_stats()
         self._set_replying(False)
 
@@ -265,14 +314,30 @@ class ChatScreen(Screen):
 
     def action_stop_reply(self) -> None:
         if self.replying:
+            # Not `working`: that blocks commands until a slow command ends, and the reply's end is
+            # what ends a stop.
             self.stop_requested.set()
-            self.working = "stopping"
+            self.stopping = True
             self.show_status()
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         if action == "stop_reply":
             return self.replying  # shown in the footer only while a reply streams
         return True
+
+    async def action_list_chats(self) -> None:
+        await self.run_command_text("/chats", keep_prompt=True)
+
+    def action_scroll_transcript(self, pages: int) -> None:
+        transcript = self.query_one("#transcript", VerticalScroll)
+        if pages < 0:
+            transcript.scroll_page_up()  # releases the anchor: the view stays where the user put it
+        else:
+            transcript.scroll_page_down()
+
+    def follow_transcript(self) -> None:
+        """Scroll to the bottom and stay there as the reply grows (after the user scrolled up too)."""
+        self.query_one("#transcript", VerticalScroll).anchor()
 
     async def action_toggle_marks(self) -> None:
         self.marks = not self.marks
@@ -282,11 +347,13 @@ class ChatScreen(Screen):
 
     # ---- slash commands -------------------------------------------------------------
 
-    async def run_command_text(self, text: str) -> None:
-        """Carry out `/name argument`; on an error the text stays in the box to be fixed."""
+    async def run_command_text(self, text: str, keep_prompt: bool = False) -> None:
+        """Carry out `/name argument`; on an error the text stays in the box to be fixed.
+
+        A command may return text for the box (/edit), which then replaces the command."""
         try:
             command, argument = parse(text)
-            await getattr(self.commands, command.name)(argument)
+            for_the_box = await getattr(self.commands, command.name)(argument)
         except ValueError as exc:
             self.add_notice(str(exc), "error")
             return
@@ -298,8 +365,15 @@ class ChatScreen(Screen):
             self.add_notice(f"{text.split()[0]} failed: {exc!r} (details in the log file)", "error")
             return
         prompt = self.query_one(PromptInput)
+        if keep_prompt:  # from a key, not typed: what is in the box stays
+            self.follow_transcript()
+            return
         prompt.remember(text)
         prompt.clear()
+        if for_the_box:
+            prompt.load_text(for_the_box)
+            prompt.move_cursor(prompt.document.end)
+        self.follow_transcript()  # what the command said is at the bottom
 
     def palette_command(self, command: SlashCommand) -> None:
         """From the command palette: run it, or put it in the box when it takes an argument."""
@@ -332,9 +406,23 @@ class ChatScreen(Screen):
         self.show_status()
         self.connect_engine(ready=False)
 
+    async def withdraw_last_turn(self):
+        """Take the last turn back, from the engine and from the transcript; the turn taken."""
+        self.refuse_while_busy()
+        turn = self.engine.withdraw_last()
+        for shown in (self.query(UserTurn), self.query(AssistantTurn)):
+            if shown:
+                await shown.last().remove()
+        self.context_used = self._context_of_saved_turns()
+        self.show_status()
+        return turn
+
     async def clear_transcript(self) -> None:
         await self.query_one("#transcript", VerticalScroll).remove_children()
         self.query_one(PromptInput).sent_prompts.clear()
+        self.stats = self.engine.live_stats()  # the new chat's: none yet
+        self.context_used = 0
+        self.show_status()
 
     def on_command_done(self, message: CommandDone) -> None:
         self.working = ""
@@ -343,6 +431,14 @@ class ChatScreen(Screen):
         self.show_status()
 
     # ---- helpers --------------------------------------------------------------------
+
+    def _context_of_saved_turns(self) -> int:
+        """Tokens the conversation takes after its last finished reply: that reply's prompt and tokens."""
+        turns = self.engine.conversation.turns
+        if not turns:
+            return 0
+        reply = turns[-1].reply
+        return reply.stats.get("prompt_tokens", 0) + len(reply.token_ids)
 
     def add_notice(self, text, kind: str = "info") -> None:
         self.query_one("#transcript", VerticalScroll).mount(Notice(text, kind))
@@ -353,5 +449,7 @@ class ChatScreen(Screen):
         if not self.ready and not self.working:  # show the mode the chat is starting into
             mode = "offline" if self.settings.offline else "remote" if self.engine.k == 0 else "hybrid"
             stats, connection = dataclasses.replace(stats, mode=mode), Connection(False, "starting")
-        busy = self.working + " ..." if self.working else ""
-        self.query_one(StatusLine).show(stats, connection, busy)
+        waiting = self.replying and self.current is not None and self.current.waiting
+        doing = self.working or ("stopping" if self.stopping else "waiting for the first token" if waiting else "")
+        busy = doing + " ..." if doing else ""
+        self.query_one(StatusLine).show(stats, connection, busy, (self.context_used, self.engine.context_limit))

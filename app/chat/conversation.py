@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from app.chat.store import ChatStarted, Committed, Event, Note, ReplyEnded, SystemPrompt, UserMessage, read_events
+from app.chat.store import (
+    ChatStarted, Committed, Event, Note, ReplyEnded, SystemPrompt, UserMessage, Withdrawn, read_events,
+)
 from local_draft.chat_template import Message
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,8 @@ class Conversation:
             self.system = event.text
         elif isinstance(event, UserMessage):
             self.turns.append(Turn(event.turn, event.text, event.at))
+        elif isinstance(event, Withdrawn):
+            self.turns = [turn for turn in self.turns if turn.number < event.turn]
         elif isinstance(event, (Committed, Note, ReplyEnded)):
             reply = self.reply_of(event.turn)
             if reply is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Callable
 
 from app.chat.conversation import LETTER, Conversation
@@ -21,10 +22,13 @@ from app.chat.reply import PromptTokens, ReplyRounds
 from app.chat.service_connection import ServiceConnection
 from app.chat.settings import ChatSettings
 from app.chat.state import BusyError, Connection, EngineListener, LiveStats, ReplyOutcome, StartupProblem
-from app.chat.store import ChatLog, ChatStore, Committed, Note, ReplyEnded, SystemPrompt, UserMessage, now_iso
+from app.chat.store import (
+    ChatLog, ChatStore, Committed, Note, ReplyEnded, SystemPrompt, UserMessage, Withdrawn, now_iso,
+)
 from local_draft.chat_template import ChatTemplate, template_for
 from local_draft.draft_model import DraftModel, DraftModelError
 from local_draft.controller_memory import ControllerMemory
+from local_draft.generation_stats import GenerationStats
 from local_draft.speculator import Speculator
 from local_draft.verify_client import VerifyError
 from wire.protocol import SamplingParams
@@ -51,6 +55,7 @@ class ChatEngine:
         self.dropped_turns = 0  # oldest turns left out of the last prompt
         self._end_ids: frozenset[int] = frozenset()  # the drafter's end-of-generation tokens
         self._lock = threading.RLock()  # one blocking operation at a time
+        self._reply_started = 0.0
 
     # ---- state ----------------------------------------------------------------------
 
@@ -99,6 +104,9 @@ class ChatEngine:
         """Load the drafter, and reach the service unless offline. Raises StartupProblem."""
         with self._lock:
             problem = None
+            if not self.settings.draft.is_file():  # before the target: without a drafter nothing runs
+                raise StartupProblem("missing_model", f"there is no draft model at {self.settings.draft}",
+                                     offline_possible=False, retry_possible=False)
             if self.settings.embedded and not self.settings.offline:
                 try:
                     self.connection_to.launch_embedded()  # the child loads its target while we load the drafter
@@ -211,6 +219,38 @@ class ChatEngine:
             self.chat = None
             self.conversation = Conversation(system=self.conversation.system)
             self.dropped_turns = 0
+            if self.speculator is not None:
+                self.speculator.stats = GenerationStats()  # the status line's figures start again
+
+    def open_chat(self, chat_id: str) -> None:
+        """Continue another saved chat instead of this one (which stays saved). ChatInUse if another
+        running chat holds it."""
+        with self._lock:
+            if self.busy:
+                raise BusyError("a reply is in progress")
+            if chat_id == self.conversation.chat_id:
+                raise ValueError(f"chat {chat_id} is the one open here")
+            chat = self.store.reopen(chat_id)
+            if self.chat is not None:
+                self.chat.close()
+            self.chat = chat
+            self.conversation = Conversation.load(chat.path)
+            self.dropped_turns = 0
+            if self.prompts is not None:
+                self.prompts.forget()  # its tokens were this chat's
+            if self.speculator is not None:
+                self.speculator.stats = GenerationStats()
+
+    def withdraw_last(self):
+        """Take the last turn back (/retry, /edit): the saved chat records it, the model no longer sees it."""
+        with self._lock:
+            if self.busy:
+                raise BusyError("a reply is in progress")
+            if not self.conversation.turns:
+                raise ValueError("there is no message to take back yet")
+            turn = self.conversation.turns[-1]
+            self._write(Withdrawn(turn.number), durable=True)
+            return turn
 
     # ---- replying -------------------------------------------------------------------
 
@@ -221,11 +261,13 @@ class ChatEngine:
     def reply(self, text: str, should_stop: Callable[[], bool]) -> ReplyOutcome:
         """Save the user's message, generate the reply, save it as it comes. ValueError if it cannot fit."""
         with self._lock:
+            self._reply_started = time.perf_counter()  # the time to the first token counts from here
             messages, dropped = self.conversation.fit(text, self.prompts.count, self._prompt_budget())
             prompt_text = self.template.render(messages)
             prompt = self.prompts.of(prompt_text)
             turn = self.conversation.next_turn
             self._write(UserMessage(turn, text, now_iso()), durable=True)
+            self.listener.reading(turn, len(prompt), self.prompts.unread(prompt))
             self.current_turn = turn
             try:
                 if dropped > self.dropped_turns:
@@ -238,7 +280,11 @@ class ChatEngine:
                 self.current_turn = None
 
     def _generate(self, turn: int, prompt_text: str, prompt: list[int], should_stop) -> ReplyOutcome:
+        first_token_s = []
+
         def on_round(tokens: list[int], provenance: list[str], pieces: list[str]) -> None:
+            if not first_token_s:
+                first_token_s.append(round(time.perf_counter() - self._reply_started, 4))
             self._write(Committed(turn, tokens, "".join(LETTER[p] for p in provenance), pieces))
             self.listener.committed(turn, provenance, pieces, self.live_stats())
 
@@ -262,6 +308,8 @@ class ChatEngine:
             counts = {name: 0 for name in LETTER}
             for p in self.conversation.reply_of(turn).provenance:
                 counts[p] += 1
+            # as the user waits for it: with the prompt's making, not only the Speculator's part
+            stats["first_token_s"] = first_token_s[0] if first_token_s else None
             stats.update(mode=self.mode, k="auto" if self.k is None else self.k,
                          temperature=self.params.temperature, prompt_tokens=len(prompt), **counts)
             self._write(ReplyEnded(turn, stop_reason, stats), durable=True)

@@ -2,9 +2,28 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from app.chat.conversation import Conversation
+
+FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")  # a CommonMark code fence's opening or closing line
+
+
+def close_open_fence(text: str) -> str:
+    """`text` with a closing line for a code block left open (a reply stopped inside one), so that
+    what follows it in the document is not swallowed into the code."""
+    open_fence = None
+    for line in text.splitlines():
+        match = FENCE.match(line)
+        if match is None:
+            continue
+        fence = match.group(1)
+        if open_fence is None:
+            open_fence = fence
+        elif fence[0] == open_fence[0] and len(fence) >= len(open_fence) and not line.strip()[len(fence):]:
+            open_fence = None  # a closing fence: the same character, at least as long, nothing after
+    return text if open_fence is None else text.rstrip("\n") + "\n" + open_fence
 
 
 def to_markdown(conversation: Conversation, models: str) -> str:
@@ -14,7 +33,7 @@ def to_markdown(conversation: Conversation, models: str) -> str:
     if conversation.system:
         lines += ["**System**", "", conversation.system, ""]
     for turn in conversation.turns:
-        lines += ["## You", "", turn.user, "", "## Assistant", "", turn.reply.text.rstrip() or "*(no reply)*", ""]
+        lines += ["## You", "", turn.user, "", "## Assistant", "", close_open_fence(turn.reply.text.rstrip()) or "*(no reply)*", ""]
         counts = turn.reply.counts()
         if turn.reply.provenance:
             verified = counts["draft"] + counts["target"]

@@ -11,24 +11,35 @@ import argparse
 import logging
 import logging.handlers
 import os
+import time
 from pathlib import Path
 
+from app.chat.chat_config import FROM_CONFIG, chat_defaults
 from app.chat.settings import ChatSettings
-from app.chat.store import ChatNotFound, ChatStore
+from app.chat.store import ChatInUse, ChatNotFound, ChatStore
 from app.generation_flags import sampling_params
 from app.model_paths import resolve_model
 from app.token_file import read_token_file
 from app.user_error import UserError
 
 
-def log_path() -> Path:
+KEEP_LOGS = 20  # the newest chats' logs are kept; older ones are removed when a chat starts
+
+
+def log_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "specwire" / "chat.log"
+    return Path(base) / "specwire" / "chat-logs"
 
 
 def log_to_file(verbose: int) -> Path:
-    path = log_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Log into a file of this process's own: two chats at once would interleave their lines in one."""
+    folder = log_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    logs = sorted(folder.glob("chat-*.log"), key=lambda p: p.name)  # named by their start: oldest first
+    for old in logs[: max(0, len(logs) - (KEEP_LOGS - 1))]:
+        for each in (old, old.with_name(old.name + ".1")):  # with its rotated part
+            each.unlink(missing_ok=True)
+    path = folder / f"chat-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
     root = logging.getLogger()
     for handler in root.handlers[:]:
         root.removeHandler(handler)
@@ -53,22 +64,33 @@ def list_chats(store: ChatStore) -> int:
 
 
 def settings_from(args: argparse.Namespace, store: ChatStore) -> ChatSettings:
+    defaults = chat_defaults()
+    args = argparse.Namespace(**vars(args))  # the flags given, the config file's [chat] for the others
+    if args.k is FROM_CONFIG:
+        args.k = defaults.k
+    if args.temperature is FROM_CONFIG:
+        args.temperature = defaults.temperature
+    if args.system is None:
+        args.system = defaults.system
     params = sampling_params(args)
     problems = [f"--max-tokens must be 1 or more, got {args.max_tokens}"] if args.max_tokens < 1 else []
     problems += [f"--context must be 64 or more, got {args.context}"] if args.context < 64 else []
     if problems:
         raise UserError("; ".join(problems))
     draft = Path(resolve_model(args.draft, args.pair, "draft"))  # names the fetch command when it is missing
+    if not draft.is_file():  # a --draft path: said now, before the target loads for nothing
+        raise UserError(f"there is no draft model at {draft} (--draft)")
     target, target_problem = embedded_target(args)
     try:
         resume = store.path_of(args.resume or None) if args.resume is not None else None
-    except ChatNotFound as exc:
+    except (ChatNotFound, ChatInUse) as exc:
         raise UserError(str(exc)) from exc
     return ChatSettings(
         draft=draft, target=target, target_problem=target_problem, pair=args.pair, backend=args.backend, server=args.server,
         token=read_token_file(args.token_file), ca_file=args.ca_file, offline=args.offline, k=args.k,
         params=params, seed=args.seed, system=args.system, max_tokens=args.max_tokens, context=args.context,
-        draft_gpu_layers=args.draft_gpu_layers, draft_threads=args.draft_threads, resume=resume, chats_dir=store.root)
+        draft_gpu_layers=args.draft_gpu_layers, draft_threads=args.draft_threads, resume=resume, chats_dir=store.root,
+        marks=defaults.marks)
 
 
 def embedded_target(args: argparse.Namespace) -> tuple[str | None, str | None]:

@@ -32,6 +32,15 @@ class StartupFailed(Message):
 
 
 @dataclass
+class ReplyStarted(Message):
+    """The prompt is made: the models read its unread tokens before the first token comes."""
+
+    turn: int
+    prompt_tokens: int
+    unread_tokens: int
+
+
+@dataclass
 class TokensCommitted(Message):
     turn: int
     provenance: list[str]
@@ -72,6 +81,9 @@ class ScreenListener:
 
     def progress(self, text: str, from_service: bool = False) -> None:
         self.target.post_message(Progress(text, from_service))
+
+    def reading(self, turn: int, prompt_tokens: int, unread_tokens: int) -> None:
+        self.target.post_message(ReplyStarted(turn, prompt_tokens, unread_tokens))
 
     def committed(self, turn: int, provenance: list[str], pieces: list[str], stats: LiveStats) -> None:
         self.target.post_message(TokensCommitted(turn, provenance, pieces, stats))

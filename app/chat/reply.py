@@ -33,6 +33,11 @@ class PromptTokens:
         add_bos = self.draft.add_bos and not (bos_text and text.startswith(bos_text))
         return self.draft.tokenize(text, add_bos=add_bos)
 
+    def unread(self, tokens: list[int]) -> int:
+        """How many of a prompt's tokens the models have not read yet (their caches hold the rest)."""
+        known = self._known_tokens
+        return len(tokens) - len(known) if known and tokens[: len(known)] == known else len(tokens)
+
     def count(self, messages: list[Message]) -> int:
         return len(self.of(self.template.render(messages)))
 

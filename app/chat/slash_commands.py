@@ -25,9 +25,13 @@ COMMANDS = [
     SlashCommand("k", "/k N|auto", "draft tokens per round; 0: the service writes every token (remote)", True),
     SlashCommand("temperature", "/temperature T", "sampling temperature; 0 is greedy", True),
     SlashCommand("system", "/system [TEXT|-]", "show the system prompt, set it, or remove it (-)", True),
+    SlashCommand("retry", "/retry", "take the last reply back and generate it again"),
+    SlashCommand("edit", "/edit", "take the last message and its reply back, into the box to change"),
+    SlashCommand("copy", "/copy [code [N]]", "the last reply, or its last (N-th) code block, to the clipboard", True),
     SlashCommand("marks", "/marks", "provenance marks on or off (ctrl+t)"),
     SlashCommand("stats", "/stats", "statistics of every turn and of the whole chat"),
     SlashCommand("save", "/save [FILE]", "write the chat as Markdown (default: ./specwire-chat-ID.md)", True),
+    SlashCommand("chats", "/chats [open|delete N|ID]", "the saved chats (ctrl+o); open or delete one", True),
     SlashCommand("clear", "/clear", "start a new chat (this one stays saved)"),
     SlashCommand("quit", "/quit", "leave (ctrl+q); the chat is saved as it goes"),
 ]
@@ -60,5 +64,6 @@ def help_text() -> str:
     lines = [f"{command.usage:{width}}  {command.help}" for command in COMMANDS]
     lines += ["",
               "enter sends · ctrl+j or alt+enter: a new line · up/down: earlier prompts · //x sends /x",
-              "esc stops a reply (keeping what came) · ctrl+t marks · ctrl+p commands · ctrl+q quits"]
+              "esc stops a reply (keeping what came) · pgup/pgdn scroll · ctrl+t marks · ctrl+o chats · ctrl+p commands",
+              "ctrl+q quits"]
     return "\n".join(lines)

@@ -12,11 +12,13 @@ from typing import Callable, Protocol
 
 import msgspec
 
+from app.chat.copying import code_blocks, parse_copy_argument
 from app.chat.engine import ChatEngine
 from app.chat.export import default_path, save_markdown
 from app.chat.settings import ChatSettings
 from app.chat.slash_commands import help_text, parse_temperature
 from app.chat.stats_table import stats_table
+from app.chat.store import ChatInUse, ChatNotFound, ChatSummary, in_use
 from app.generation_flags import parse_k
 
 
@@ -34,6 +36,8 @@ class ChatView(Protocol):
     def run_slow(self, call: Callable[[], None], doing: str, done: str) -> None: ...
     def start_connecting(self) -> None: ...
     async def clear_transcript(self) -> None: ...
+    async def withdraw_last_turn(self): ...
+    async def start_reply(self, text: str) -> None: ...
     async def action_toggle_marks(self) -> None: ...
 
 
@@ -109,5 +113,83 @@ class SlashHandlers:
         self.screen.add_notice("a new chat" + (f"; the previous one is saved: specwire chat --resume {previous}"
                                                if previous else ""))
 
+    async def retry(self, argument: str) -> None:
+        turn = await self.screen.withdraw_last_turn()
+        await self.screen.start_reply(turn.user)
+
+    async def edit(self, argument: str) -> str:
+        turn = await self.screen.withdraw_last_turn()
+        self.screen.add_notice("the last message is back in the box: change it and send it again")
+        return turn.user
+
+    async def copy(self, argument: str) -> None:
+        which = parse_copy_argument(argument)
+        replies = [turn.reply for turn in self.engine.conversation.turns if turn.reply.text]
+        if not replies:
+            raise ValueError("no reply to copy yet")
+        text = replies[-1].text.strip()
+        if which is not None:
+            blocks = code_blocks(text)
+            if not blocks:
+                raise ValueError("the last reply has no code block: /copy takes all of it")
+            if which >= len(blocks):
+                raise ValueError(f"the last reply has {len(blocks)} code block{'s' if len(blocks) > 1 else ''}")
+            text = blocks[which]
+        # OSC 52: the terminal puts it on the system clipboard; nothing says whether it did
+        self.screen.app.copy_to_clipboard(text)
+        what = "the last reply" if which is None else "a code block"
+        self.screen.add_notice(f"copied {what} ({len(text):,} characters) to the terminal's clipboard (OSC 52). "
+                               "If nothing pasted: the terminal does not take OSC 52 (tmux: set-clipboard on); "
+                               "/save writes the chat to a file")
+
+    async def chats(self, argument: str) -> None:
+        action, _, which = argument.partition(" ")
+        store, current = self.engine.store, self.engine.conversation.chat_id
+        summaries = store.list()
+        if not action:
+            self.screen.add_notice(chat_list(summaries, current) if summaries else f"no saved chats in {store.root}")
+            return
+        if action not in ("open", "delete") or not which.strip():
+            raise ValueError("/chats lists the saved chats; /chats open N|ID, /chats delete N|ID")
+        chat_id = chat_by_number_or_id(which.strip(), summaries)
+        try:
+            if action == "open":
+                self.screen.refuse_while_busy()
+                self.engine.open_chat(chat_id)
+                await self.screen.show_conversation()
+                turns = len(self.engine.conversation.turns)
+                self.screen.add_notice(f"opened chat {self.engine.conversation.chat_id}: {turns} turn"
+                                       f"{'s' if turns != 1 else ''}" + (f"; the previous one is saved: {current}"
+                                                                        if current else ""))
+            else:
+                if current and store.path_of_any(chat_id).stem == current:
+                    raise ValueError("that is the chat open here: /clear or /chats open another first")
+                path = store.delete(chat_id)
+                self.screen.add_notice(f"deleted chat {path.stem}")
+        except (ChatNotFound, ChatInUse) as exc:
+            raise ValueError(str(exc)) from exc
+
     async def quit(self, argument: str) -> None:
         self.screen.app.exit()
+
+
+def chat_list(summaries: list[ChatSummary], current: str | None) -> str:
+    """The saved chats, newest first and numbered for /chats open N."""
+    width = max(len(s.id) for s in summaries)
+    lines = [f"{'#':>3}  {'ID':{width}}  {'STARTED':16}  TURNS  FIRST MESSAGE"]
+    for number, s in enumerate(summaries, 1):
+        where = " (this chat)" if s.id == current else " (open elsewhere)" if in_use(s.path) else ""
+        lines.append(f"{number:>3}  {s.id:{width}}  {s.created[:16].replace('T', ' '):16}  {s.turns:5d}  "
+                     f"{s.title[:50]}{where}")
+    lines += ["", "/chats open N|ID continues one · /chats delete N|ID removes one"]
+    return "\n".join(lines)
+
+
+def chat_by_number_or_id(which: str, summaries: list[ChatSummary]) -> str:
+    """`3` -> the id of the third chat of the list; anything else is an id (or a start of one)."""
+    if which.isdigit() and len(which) < 4:  # ids start with a date: 8 digits
+        number = int(which)
+        if not 1 <= number <= len(summaries):
+            raise ValueError(f"there are {len(summaries)} saved chats: /chats lists them")
+        return summaries[number - 1].id
+    return which

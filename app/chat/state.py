@@ -49,6 +49,9 @@ class EngineListener(Protocol):
     def progress(self, text: str, from_service: bool = False) -> None:
         """A startup step, or (from_service) a line the starting service logged."""
 
+    def reading(self, turn: int, prompt_tokens: int, unread_tokens: int) -> None:
+        """A reply starts: its prompt has prompt_tokens, unread_tokens of them new to the models."""
+
     def committed(self, turn: int, provenance: list[str], pieces: list[str], stats: LiveStats) -> None:
         """A round's tokens, as text pieces with their provenance."""
 

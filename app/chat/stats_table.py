@@ -11,7 +11,7 @@ def stats_table(conversation: Conversation, steady: bool = False) -> Table:
     table = Table(title="per turn", title_justify="left", box=None, padding=(0, 1), header_style="bold")
     columns = ["turn", "mode", "k", "tokens", "draft", "target", "offline", "rounds", "accept", "tok/round"]
     if not steady:
-        columns += ["tok/s", "verify s", "wire s"]
+        columns += ["tok/s", "1st token s", "verify s", "wire s"]
     for name in columns:
         table.add_column(name, justify="left" if name in ("mode", "k") else "right")
     totals = dict(tokens=0, draft=0, target=0, offline=0, rounds=0, drafted=0, accepted=0, in_rounds=0)
@@ -24,7 +24,9 @@ def stats_table(conversation: Conversation, steady: bool = False) -> Table:
                f"{accepted / drafted:.0%}" if drafted else "-",
                f"{len(reply.provenance) / rounds:.2f}" if rounds else "-"]
         if not steady:
+            first = stats.get("first_token_s")
             row += [f"{stats['tokens_per_s']:.1f}" if stats.get("tokens_per_s") else "-",
+                    "-" if first is None else f"{first:.2f}",
                     f"{stats.get('verify_s', 0):.2f}", f"{stats.get('wire_s', 0):.2f}"]
         table.add_row(*row)
         for key, value in (("tokens", len(reply.provenance)), ("draft", counts["draft"]),
@@ -37,6 +39,6 @@ def stats_table(conversation: Conversation, steady: bool = False) -> Table:
            f"{totals['accepted'] / totals['drafted']:.0%}" if totals["drafted"] else "-",
            f"{totals['in_rounds'] / totals['rounds']:.2f}" if totals["rounds"] else "-"]
     if not steady:
-        row += ["", "", ""]
+        row += ["", "", "", ""]
     table.add_row(*row, style="bold")
     return table

@@ -12,6 +12,7 @@ power cut loses at most that second. Reading back skips a torn last line.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import secrets
@@ -67,7 +68,13 @@ class ReplyEnded(msgspec.Struct, tag="end", tag_field="type"):
     stats: dict = {}
 
 
-Event = Union[ChatStarted, SystemPrompt, UserMessage, Committed, Note, ReplyEnded]
+class Withdrawn(msgspec.Struct, tag="withdrawn", tag_field="type"):
+    """Turns from `turn` on are taken back (/retry, /edit): the file keeps them, the conversation not."""
+
+    turn: int
+
+
+Event = Union[ChatStarted, SystemPrompt, UserMessage, Committed, Note, ReplyEnded, Withdrawn]
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Event)
@@ -75,6 +82,25 @@ _decoder = msgspec.json.Decoder(Event)
 
 class ChatNotFound(LookupError):
     """No saved chat matches the id given."""
+
+
+class ChatInUse(RuntimeError):
+    """The chat is open in another running `specwire chat`: two writers would interleave its events."""
+
+
+def in_use(path: Path) -> bool:
+    """Whether a running chat holds this chat's file (its lock goes when that process ends, however)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # and with it the probe's lock
+    return False
 
 
 def chats_dir() -> Path:
@@ -93,6 +119,11 @@ class ChatLog:
         self.path = path
         self.id = path.stem
         self._file = open(path, "ab")
+        try:  # held while the file is open; the system drops it when the process ends, even by kill -9
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.close()
+            raise ChatInUse(f"chat {self.id} is open in another `specwire chat`") from None
         self._lock = threading.Lock()
         self._last_sync = time.monotonic()
 
@@ -142,12 +173,23 @@ class ChatStore:
         return ChatLog(self.path_of(chat_id))
 
     def path_of(self, chat_id: str | None) -> Path:
-        """The file of a chat by id (or a unique start of one); None: the latest chat."""
+        """The file of a chat by id (or a unique start of one); None: the latest chat no running chat
+        has open (another terminal's chat may be newer). ChatInUse for a chat open elsewhere."""
         if chat_id is None:
             summaries = self.list()
             if not summaries:
                 raise ChatNotFound(f"there is no saved chat in {self.root} yet")
-            return summaries[0].path
+            closed = [s for s in summaries if not in_use(s.path)]
+            if not closed:
+                raise ChatInUse(f"every saved chat in {self.root} is open in another `specwire chat`")
+            return closed[0].path
+        path = self.path_of_any(chat_id)
+        if in_use(path):
+            raise ChatInUse(f"chat {path.stem} is open in another `specwire chat`: quit that one first")
+        return path
+
+    def path_of_any(self, chat_id: str) -> Path:
+        """The file of a chat by id (or a unique start of one), whether or not a running chat holds it."""
         exact = self.root / f"{chat_id}.jsonl"
         if exact.is_file():
             return exact
@@ -159,21 +201,29 @@ class ChatStore:
         raise ChatNotFound(f"{chat_id!r} matches {len(matches)} chats ({', '.join(m.stem for m in matches[:4])}"
                            f"{' ...' if len(matches) > 4 else ''}): give more of the id")
 
+    def delete(self, chat_id: str) -> Path:
+        """Remove a saved chat; ChatInUse if a running chat holds it."""
+        path = self.path_of(chat_id)
+        path.unlink()
+        return path
+
     def list(self) -> list[ChatSummary]:
         """Every saved chat, the most recently changed first."""
         if not self.root.is_dir():
             return []
         summaries = []
         for path in self.root.glob("*.jsonl"):
-            created, turns, title = "", 0, ""
+            created, turns, title = "", set(), ""
             for event in read_events(path):
                 if isinstance(event, ChatStarted):
                     created = event.created
                 elif isinstance(event, UserMessage):
-                    turns += 1
+                    turns.add(event.turn)
                     if not title and event.text.strip():
                         title = event.text.strip().splitlines()[0]
-            summaries.append(ChatSummary(path.stem, created, turns, title, path.stat().st_mtime, path))
+                elif isinstance(event, Withdrawn):
+                    turns = {turn for turn in turns if turn < event.turn}
+            summaries.append(ChatSummary(path.stem, created, len(turns), title, path.stat().st_mtime, path))
         return sorted(summaries, key=lambda s: s.modified, reverse=True)
 
 

@@ -14,6 +14,7 @@ class TargetBackend(Protocol):
     """What a session needs from a target model, whatever runs it."""
 
     name: str  # e.g. "torch:cpu"
+    batch_invariant: bool  # a block's logits carry the bits of its tokens decoded one at a time
     vocab_size: int  # rows of the output layer: logits have this many columns
     max_context: int
     bos_id: int
@@ -32,7 +33,8 @@ class TargetBackend(Protocol):
         """Drop every cached position from `length` on (roll back without recomputing)."""
 
 
-def load_backend(kind: str, target: str | Path, device: str = "auto", threads: int | None = None) -> TargetBackend:
+def load_backend(kind: str, target: str | Path, device: str = "auto", threads: int | None = None,
+                 batch_invariant: bool | None = None) -> TargetBackend:
     """Load a target (GGUF file or Hugging Face folder) with the named backend.
 
     "auto" picks torch when CUDA is available and llama.cpp otherwise (a GGUF target is
@@ -40,6 +42,9 @@ def load_backend(kind: str, target: str | Path, device: str = "auto", threads: i
     "onnx" (an export made by `specwire models export-onnx`) is only ever chosen by name.
     `threads`: llama.cpp's CPU threads (None: the physical cores, wire/threads.py); the
     torch and ONNX backends keep their runtimes' own thread settings.
+    `batch_invariant` None keeps the backend's default: on for llama.cpp, whose invariant
+    kernels cost a fraction of a pass, off for torch and ONNX Runtime, where it means
+    decoding a block token by token.
     """
     target = Path(target)
     if not target.exists():
@@ -51,17 +56,21 @@ def load_backend(kind: str, target: str | Path, device: str = "auto", threads: i
     if kind == "torch":
         from remote_verify.backends.torch_backend import TorchTarget
 
-        return TorchTarget(target, device=device)
+        return TorchTarget(target, device=device, batch_invariant=bool(batch_invariant))
     if kind == "llamacpp":
         from remote_verify.backends.llamacpp_backend import LlamaCppTarget
 
-        return LlamaCppTarget(target, gpu_layers=0 if device == "cpu" else -1, n_threads=threads)
+        return LlamaCppTarget(target, gpu_layers=0 if device == "cpu" else -1, n_threads=threads,
+                              batch_invariant=batch_invariant is not False)
     if kind == "onnx":
         if not is_onnx_export(target):
             raise ValueError(f"{target} is not an ONNX export: make one with "
                              f"`specwire models export-onnx {target} OUT` and serve OUT")
         from remote_verify.backends.onnx_backend import OnnxTarget
 
+        if batch_invariant:
+            raise ValueError("the onnx backend has no batch-invariant mode: serve the target "
+                             "with --backend llamacpp or torch for it")
         return OnnxTarget(target, device=device)
     raise ValueError(f"unknown backend {kind!r}: choose auto, torch, llamacpp or onnx")
 

@@ -4,12 +4,27 @@ The model's weights are loaded once; every session gets its own llama.cpp contex
 KV cache). A round decodes the block in one batch, asking llama.cpp for logits at the last
 positions only; a roll back removes cache positions (`llama_memory_seq_rm`), no recompute.
 The service calls this from its single worker thread only.
+
+Batch invariance (on by default): a verified block must score exactly like the same tokens
+decoded one at a time, or a greedy near-tie can resolve differently with and without
+speculation. Three llama.cpp CPU kernels depend on the batch shape, each off here:
+- llamafile's tinyBLAS GEMM, taken for every float matrix product of two rows or more
+  (among them attention's scores-times-values): not built (`packaging/install.sh` passes
+  `-DGGML_LLAMAFILE=OFF`; a build that has it is reported at load);
+- repacked Q4_0/Q4_K weights, multiplied four rows at a time with a remainder done row by
+  row: `use_extra_bufts = False`;
+- the tiled K-quant matrix product for eight rows or more: `GGML_CPU_TILED_MM=0`, read once
+  per process at the first matrix product, so it is set before this backend decodes.
+What remains (`vec_dot` per output element, row-local norms, RoPE and softmax) gives a row
+the same bits whatever the batch. The cost (`python -m benchmarks.batch_noise --cost`) is
+paid on every pass; `specwire serve --no-batch-invariant` trades exactness at near-ties for it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -28,6 +43,12 @@ log = logging.getLogger(__name__)
 N_BATCH = 512  # tokens per llama_decode call; a draft block is always far smaller
 
 
+def has_llamafile_kernels() -> bool:
+    """Whether this llama.cpp build multiplies float matrices of 2+ rows with tinyBLAS."""
+    probe = getattr(llama_cpp.llama_cpp._lib, "ggml_cpu_has_llamafile", None)
+    return bool(probe()) if probe is not None else False
+
+
 @dataclass
 class LlamaCache:
     context: LlamaContext
@@ -37,13 +58,16 @@ class LlamaCache:
 
 class LlamaCppTarget:
     def __init__(self, path: str | Path, max_context: int = 4096, gpu_layers: int = -1,
-                 n_threads: int | None = None):
+                 n_threads: int | None = None, batch_invariant: bool = True):
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"the llama.cpp backend needs a GGUF file; {self.path} is not one")
         set_verbose(log.isEnabledFor(logging.DEBUG))  # llama.cpp's own log, off unless debugging
+        if batch_invariant:
+            os.environ["GGML_CPU_TILED_MM"] = "0"  # before the process's first matrix product
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = gpu_layers  # -1: all layers on the GPU when llama.cpp has one
+        params.use_extra_bufts = not batch_invariant  # repacked weights: gemm by 4 rows, gemv for the rest
         self.model = LlamaModel(path_model=str(self.path), params=params, verbose=False)
         self._vocab = llama_cpp.llama_model_get_vocab(self.model.model)
         self.vocab_size = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
@@ -53,7 +77,14 @@ class LlamaCppTarget:
         self.n_threads = n_threads or service_threads()  # physical cores: wire/threads.py
         offload = llama_cpp.llama_supports_gpu_offload() and gpu_layers != 0
         self.name = f"llamacpp:{'gpu' if offload else 'cpu'}"
-        log.info("target %s with llama.cpp (%s), vocab %d", self.path.name, self.name, self.vocab_size)
+        self.batch_invariant = batch_invariant and not offload and not has_llamafile_kernels()
+        if batch_invariant and not self.batch_invariant:
+            log.warning("verification is not batch-invariant: %s; a greedy near-tie may resolve "
+                        "differently with and without speculation", "llama.cpp runs on a GPU"
+                        if offload else "llama.cpp was built with llamafile's matrix kernels "
+                        "(rebuild it with `bash packaging/install.sh`)")
+        log.info("target %s with llama.cpp (%s, %s), vocab %d", self.path.name, self.name,
+                 "batch-invariant" if self.batch_invariant else "batch-shaped kernels", self.vocab_size)
 
     def token_texts(self) -> list[bytes]:
         return [llama_cpp.llama_vocab_get_text(self._vocab, i) or b"" for i in range(self.vocab_size)]
@@ -64,11 +95,10 @@ class LlamaCppTarget:
         params.n_batch = N_BATCH
         params.n_ubatch = N_BATCH
         params.n_threads = params.n_threads_batch = self.n_threads
-        # Batch-invariant numerics: a block verified at once must score like the same tokens
-        # decoded one by one. llama.cpp's defaults (float16 cache, flash attention, which
-        # rounds queries to half precision on the CPU) move logits by ~1e-2 between batch
-        # shapes, enough to flip near-ties; float32 keys/values and plain attention keep
-        # them within ~1e-5. Costs 2x cache memory.
+        # Batch-invariant attention: flash attention rounds keys and values to float16 and
+        # splits a single query's sum over the cache from 512 positions on, so a token
+        # would score differently alone and in a block; float32 keys/values and plain
+        # attention (a full-length dot product per element) do not. Costs 2x cache memory.
         params.type_k = params.type_v = llama_cpp.GGML_TYPE_F32
         params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         context = LlamaContext(model=self.model, params=params, verbose=False)

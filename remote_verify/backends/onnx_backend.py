@@ -67,6 +67,7 @@ class OnnxTarget:
         self.bos_id = m.bos_id
         self.eos_id = m.eos_id
         self.name = f"onnx:{self.device}"
+        self.batch_invariant = False  # onnxruntime picks its GEMM by shape, as torch does
         self._dtype = np.dtype(m.dtype)
         self._empty = np.zeros((1, m.num_kv_heads, 0, m.head_dim), dtype=self._dtype)
         log.info("target %s with onnxruntime %s (%s), vocab %d", self.path, ort.__version__,

@@ -1,4 +1,12 @@
-"""The PyTorch target backend: a Hugging Face causal LM with a DynamicCache per session."""
+"""The PyTorch target backend: a Hugging Face causal LM with a DynamicCache per session.
+
+Batch invariance is off by default here. A matrix product's row comes out differently with
+the number of rows on both MKL (CPU: one kernel for 1 row, another for 2-3, a third from 4)
+and cuBLAS, so a block scores ~1e-4 logits away from the same tokens decoded one at a time.
+Padding every pass to a fixed row count keeps the bits on this MKL but not provably, and
+costs more than the block saves; with `batch_invariant=True` a block is decoded token by
+token instead: exact by construction, and as slow as the target alone.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +25,8 @@ log = logging.getLogger(__name__)
 
 
 class TorchTarget:
-    def __init__(self, path: str | Path, device: str = "auto", dtype: torch.dtype | None = None):
+    def __init__(self, path: str | Path, device: str = "auto", dtype: torch.dtype | None = None,
+                 batch_invariant: bool = False):
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cuda" and not torch.cuda.is_available():
@@ -39,6 +48,7 @@ class TorchTarget:
         eos = config.eos_token_id
         self.eos_id = int(eos[0] if isinstance(eos, list) else eos) if eos is not None else -1
         self.name = f"torch:{self.device.type}"
+        self.batch_invariant = batch_invariant
         log.info("target %s on %s (%s), vocab %d", self.path, self.device, dtype, self.vocab_size)
 
     def token_texts(self) -> list[bytes]:
@@ -49,6 +59,15 @@ class TorchTarget:
 
     @torch.inference_mode()
     def forward(self, cache: DynamicCache, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        tokens = list(tokens)
+        if self.batch_invariant and n_logits > 1:
+            head = tokens[:len(tokens) - n_logits]
+            rows = [self._forward(cache, head + tokens[len(head):len(head) + 1], 1)]
+            rows += [self._forward(cache, [token], 1) for token in tokens[len(head) + 1:]]
+            return np.concatenate(rows)
+        return self._forward(cache, tokens, n_logits)
+
+    def _forward(self, cache: DynamicCache, tokens: list[int], n_logits: int) -> np.ndarray:
         input_ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
         out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True,
                          logits_to_keep=n_logits)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 SPECWIRE = str(Path(sys.executable).parent / "specwire")
@@ -71,3 +73,55 @@ def test_colocated_shows_the_shared_layout_beside_the_pinned_one(tiny, tmp_path)
     cells = {(c["mode"], c["prompt_kind"]): c for c in report["summary"]}
     for layout in ("shared", "pinned"):
         assert cells[f"auto+ahead/{layout}", "all"]["same_tokens_as_server"] == 1
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # gone meanwhile
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has exited; only its parent's wait is missing
+
+
+def test_a_terminated_bench_leaves_no_service_running(tiny, tmp_path):
+    """SIGTERM to `specwire bench` while it measures: the `specwire serve` it started stops too
+    (it used to be re-parented to init and run on)."""
+    services: list[int] = []
+    bench = subprocess.Popen(
+        [SPECWIRE, "bench", "--draft", str(tiny.draft), "--target", str(tiny.target_gguf), "--backend", "llamacpp",
+         "--rtt-ms", "0", "--modes", "k0", "--prompts-per-kind", "1", "--max-tokens", "4000",
+         "--out", str(tmp_path / "bench")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not services and time.monotonic() < deadline:
+            services = [pid for pid in _children(bench.pid)
+                        if b"serve" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
+            time.sleep(0.1)
+        assert services, "the bench started no service"
+        time.sleep(2)  # the service is listening and the bench is measuring
+        bench.terminate()
+        bench.wait(30)
+        deadline = time.monotonic() + 30
+        while _alive(services[0]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(services[0]), "the service outlived the bench"
+    finally:
+        bench.kill()
+        for pid in services:  # a failed run must not leave the service behind either
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from app.cli import build_parser, main
@@ -33,3 +36,25 @@ def test_bad_service_settings_are_refused_before_loading_anything(tiny, capsys, 
     """Each bad setting stops `serve` with status 2 and a message naming it."""
     assert main(["serve", "--target", str(tiny.target_gguf), "--port", "0", *args]) == 2
     assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, kernels", [([], "batch-invariant"), (["--no-batch-invariant"], "batch-shaped kernels")])
+def test_serve_verifies_with_batch_invariant_kernels_unless_told_not_to(tiny, flags, kernels):
+    """On llama.cpp the default is exact at near-ties; --no-batch-invariant takes the fast kernels."""
+    process = subprocess.Popen([sys.executable, "-m", "app.cli", "-v", "serve", "--target", str(tiny.target_gguf),
+                                "--port", "0", *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = process.stdout.readline()  # once the target is loaded
+    process.terminate()
+    log = process.communicate(timeout=30)[1]
+    assert line.startswith("listening on"), log
+    assert f"with llama.cpp (llamacpp:cpu, {kernels})" in log, log
+
+
+def test_an_onnx_target_is_not_served_batch_invariant(tmp_path):
+    """ONNX Runtime has no such mode: asking for it says so and names the backends that have it."""
+    from models.onnx_manifest import MANIFEST_NAME
+    from remote_verify.backends import load_backend
+
+    (tmp_path / MANIFEST_NAME).write_text("{}")
+    with pytest.raises(ValueError, match="no batch-invariant mode.*llamacpp or torch"):
+        load_backend("onnx", tmp_path, batch_invariant=True)

@@ -4,7 +4,10 @@ generates beside them, and the service stays up, answers every frame, and keeps 
 Frames are valid messages with fields drawn from edge cases, valid frames with bytes
 flipped, inserted, deleted or cut, random msgpack structures, known message types with
 fields of the wrong type, unknown types, huge and negative numbers, sequence numbers out of
-order, random bytes and text frames. Each Hypothesis example is one connection: a Hello
+order, random bytes and text frames, and the shapes that once stalled or bloated the service
+(lists of up to a quarter of a million elements, empty lists or ids, where a field's type
+fails first, where a list breaks its bound, behind an unknown field), and text meant to forge
+log lines. Each Hypothesis example is one connection: a Hello
 (valid, or itself fuzzed) and then 30 to 60 frames, some built from the session's real
 state so that rounds are verified and the history grows. Every frame must get exactly one
 reply that decodes; an `internal` error (a crash in the service) fails the test; a fatal
@@ -74,6 +77,31 @@ unknown_types = st.fixed_dictionaries({"type": st.one_of(st.text(max_size=10), a
                                       optional={"seq": anything})
 
 
+FORGED = "\n2026-01-01 00:00:00,000 CRITICAL remote_verify.server: FORGED LINE"
+forging_text = st.one_of(st.text(max_size=12), st.sampled_from([FORGED, "x\r\x1b[2K" + FORGED, "\u2028" + FORGED]))
+
+
+def attack_dicts() -> st.SearchStrategy[dict]:
+    """Frames with a huge list where the service must not build it (issue 16's shapes)."""
+    big = st.sampled_from([1_000, 50_000, 250_000])
+
+    def shape(kind: str, n: int) -> dict:
+        return {
+            "sync_of_lists": {"type": "sync", "seq": "x", "tokens": [[]] * n},
+            "sync_of_ids": {"type": "sync", "seq": 1, "tokens": [1] * n},
+            "empty_dists": {"type": "verify", "seq": 1, "committed_len": 0, "draft_dists": [[[], []]] * n},
+            "long_append": {"type": "verify", "seq": 1, "committed_len": 0, "append": [7] * n},
+            "long_stop_ids": {"type": "generate", "seq": 1, "committed_len": 0, "stop_ids": [2] * n},
+            "unknown_field_first": {"junk": [[]] * n, "type": "verify", "seq": 1, "committed_len": 0},
+            "type_of_lists": {"type": [[]] * n},
+            "tag_last": {"tokens": [[]] * n, "type": "nonsense"},
+        }[kind]
+
+    return st.builds(shape, st.sampled_from(["sync_of_lists", "sync_of_ids", "empty_dists", "long_append",
+                                             "long_stop_ids", "unknown_field_first", "type_of_lists", "tag_last"]),
+                     big)
+
+
 def hello_dicts(real: dict) -> st.SearchStrategy[dict]:
     """Hellos close to the real one: each field kept or replaced by an edge case."""
     def field(name, other):  # mostly the real value, so that the checks after it are reached
@@ -81,10 +109,10 @@ def hello_dicts(real: dict) -> st.SearchStrategy[dict]:
 
     return st.fixed_dictionaries({
         "type": st.just("hello"),
-        "vocab_fingerprint": field("vocab_fingerprint", st.text(max_size=40)),
+        "vocab_fingerprint": field("vocab_fingerprint", st.one_of(st.text(max_size=40), forging_text)),
         "vocab_size": field("vocab_size", ints), "bos_id": field("bos_id", ints), "eos_id": field("eos_id", ints),
         "sampling": st.one_of(st.just({}), sampling_dicts),
-        "seed": st.one_of(st.none(), ints)})
+        "seed": st.one_of(st.none(), ints), "client": forging_text})
 
 
 def mutate(data: st.DataObject, frame: bytes) -> bytes:
@@ -132,7 +160,7 @@ class SessionState:
 def any_frame(data: st.DataObject, state: SessionState, real_hello: dict) -> bytes | str:
     kind = data.draw(st.sampled_from(
         ["valid", "valid", "mutated", "verify", "sync", "hello", "structure", "wrong_types", "unknown", "bytes",
-         "text", "empty"]))
+         "text", "empty", "attack"]))
     if kind == "valid":
         return state.valid_frame(data)
     if kind == "mutated":
@@ -145,14 +173,15 @@ def any_frame(data: st.DataObject, state: SessionState, real_hello: dict) -> byt
     if kind == "empty":
         return b""
     strategy = {"verify": verify_dicts, "sync": sync_dicts, "hello": hello_dicts(real_hello),
-                "structure": anything, "wrong_types": wrong_types, "unknown": unknown_types}[kind]
+                "structure": anything, "wrong_types": wrong_types, "unknown": unknown_types,
+                "attack": attack_dicts()}[kind]
     return msgspec.msgpack.encode(data.draw(strategy))
 
 
 @pytest.fixture(scope="module")
 def fuzzed_service(tiny, tmp_path_factory):
     log_file = tmp_path_factory.mktemp("fuzz") / "serve.log"
-    process = subprocess.Popen([SPECWIRE, "serve", "--target", str(tiny.target_gguf), "--port", "0"],
+    process = subprocess.Popen([SPECWIRE, "-v", "serve", "--target", str(tiny.target_gguf), "--port", "0"],
                                stdout=subprocess.PIPE, stderr=log_file.open("w"), text=True,
                                preexec_fn=pin_to_one_cpu)  # the fuzzer and its neighbour get the rest
     line = process.stdout.readline()
@@ -161,6 +190,7 @@ def fuzzed_service(tiny, tmp_path_factory):
     process.kill()
     tracebacks = log_file.read_text()
     assert "Traceback" not in tracebacks, tracebacks[-4000:]  # the service logged a crash
+    assert not any(line.startswith(FORGED.strip()) for line in tracebacks.splitlines())  # a client wrote a line
     process.wait()
 
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
+import weakref
+from functools import partial
 
 import pytest
 
@@ -60,3 +63,42 @@ def test_results_errors_and_queue_time_come_back_to_the_caller():
             await queue.run("s", lambda: None)
 
     asyncio.run(after_shutdown())
+
+
+class _Request:
+    """Stands for a decoded request (a weak reference tells when it is freed)."""
+
+
+def test_a_refused_request_is_freed_without_waiting_for_the_garbage_collector():
+    """Work that raises on the device thread: once the caller has handled the exception, the
+    request, the exception and the future are freed by reference counting alone (no cycle
+    through the traceback's frames), with the garbage collector off."""
+    queue = DeviceQueue("test")
+    freed: list[weakref.ref] = []
+
+    class Refused(Exception):
+        pass
+
+    def refuse(request: _Request):
+        raise Refused("no")
+
+    async def main():
+        for _ in range(3):
+            request = _Request()
+            freed.append(weakref.ref(request))
+            try:
+                await queue.run("s", partial(refuse, request))
+            except Refused:
+                pass
+            del request
+        await asyncio.sleep(0.05)  # the worker has gone back to waiting for work
+
+    gc.collect()
+    gc.disable()
+    try:
+        asyncio.run(main())
+        alive = sum(ref() is not None for ref in freed)
+    finally:
+        gc.enable()
+        queue.shutdown()
+    assert alive == 0, f"{alive} of 3 refused requests still alive"

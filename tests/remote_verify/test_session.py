@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from wire.protocol import SamplingParams, Sync, Verify
+from wire.limits import MAX_STOP_IDS
+from wire.protocol import Generate, SamplingParams, Sync, Verify
 from remote_verify.session import Session, SessionError, SessionLimits
 
 PROMPT = [318, 100, 101, 102, 103]
@@ -152,3 +153,26 @@ def test_a_sync_with_a_seed_outside_64_bits_is_refused_unchanged(torch_target):
         session.sync(Sync(seq=2, tokens=PROMPT, seed=-1))
     assert error.value.code == "bad_seed"
     assert (session.committed, session.randomness.seed, session.last_seq) == before
+
+
+def test_requests_over_a_limit_are_refused_by_length_before_their_ids_are_read(llamacpp_target):
+    """A history or draft over its limit, full of out-of-range ids, is refused for its length
+    (context_full, draft_too_long, too many stop_ids), not for an id: the length is checked
+    first, so a long request costs no scan of what it holds."""
+    session = _session(llamacpp_target)
+    bad = llamacpp_target.vocab_size + 7
+    with pytest.raises(SessionError) as refused:
+        session.sync(Sync(seq=1, tokens=[bad] * 300))
+    assert refused.value.code == "context_full"
+    with pytest.raises(SessionError) as refused:
+        session.verify(Verify(seq=1, committed_len=0, append=[bad] * 300))
+    assert refused.value.code == "context_full"
+    with pytest.raises(SessionError) as refused:
+        session.verify(Verify(seq=1, committed_len=0, append=[1], draft=[bad] * 9))
+    assert refused.value.code == "draft_too_long"
+    with pytest.raises(SessionError) as refused:
+        session.start_generation(Generate(seq=1, committed_len=0, append=[1], stop_ids=[bad] * (MAX_STOP_IDS + 1)))
+    assert refused.value.code == "bad_request" and str(MAX_STOP_IDS) in refused.value.message
+    with pytest.raises(SessionError) as refused:  # within the limits, the id is what is wrong
+        session.verify(Verify(seq=1, committed_len=0, append=[1, bad]))
+    assert refused.value.code == "bad_token" and str(bad) in refused.value.message

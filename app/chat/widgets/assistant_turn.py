@@ -16,6 +16,7 @@ from textual.widgets.markdown import MarkdownStream
 
 from app.chat.conversation import Reply
 from app.chat.widgets.marked_text import MarkedText, printable
+from app.chat.widgets.waiting_line import WaitingLine
 
 STOP_REASONS = {
     "eos": "",
@@ -39,6 +40,8 @@ def reply_summary(reply: Reply, stats: dict | None, steady: bool) -> str:
         parts.append(f"{stats['tokens_per_round']:.2f} tokens/round")
         if not steady and stats.get("tokens_per_s"):
             parts.append(f"{stats['tokens_per_s']:.1f} tokens/s")
+    if not steady and stats.get("first_token_s") is not None:
+        parts.append(f"first token {stats['first_token_s']:.1f} s")
     return " · ".join(parts)
 
 
@@ -55,6 +58,9 @@ class AssistantTurn(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Label("Assistant", classes="role")
+        waiting = WaitingLine(self.steady, classes="waiting")
+        waiting.display = not self.finished and not self.reply.pieces
+        yield waiting
         marked = MarkedText(classes="body")
         marked.add(self.reply.pieces, self.reply.provenance)
         marked.display = self.marks
@@ -72,7 +78,17 @@ class AssistantTurn(Vertical):
         if not self.marks:
             await self._catch_up_markdown()
 
+    def reading(self, prompt_tokens: int, unread_tokens: int) -> None:
+        self.query_one(WaitingLine).show_reading(prompt_tokens, unread_tokens)
+
+    @property
+    def waiting(self) -> bool:
+        """No token yet, and the reply has not ended."""
+        return not self.finished and not self.reply.pieces
+
     async def add(self, pieces: list[str], provenance: list[str]) -> None:
+        if pieces:
+            self.query_one(WaitingLine).display = False
         self.reply.pieces += pieces
         self.reply.provenance += provenance
         self.query_one(MarkedText).add(pieces, provenance)
@@ -85,6 +101,7 @@ class AssistantTurn(Vertical):
 
     async def finish(self, stop_reason: str, stats: dict) -> None:
         self.finished = True
+        self.query_one(WaitingLine).display = False
         self.reply.stop_reason, self.reply.stats = stop_reason, stats
         if self._stream is not None:
             await self._stream.stop()

@@ -18,6 +18,7 @@ class LoadingPanel(Vertical):
         self.steady = steady
         self.started = time.monotonic()
         self.step = "starting"
+        self.stopped_at: float | None = None  # the clock is stopped (a dialog says what went wrong)
 
     def compose(self) -> ComposeResult:
         yield Label("Starting", classes="role")
@@ -29,6 +30,16 @@ class LoadingPanel(Vertical):
         if not self.steady:
             self.set_interval(0.5, self._draw)
 
+    def stop_clock(self) -> None:
+        """Nothing is being waited for now: the seconds stop where they are."""
+        self.stopped_at = time.monotonic()
+        self._draw()
+
+    def restart_clock(self, step: str) -> None:
+        """A new attempt: its own seconds, from zero."""
+        self.started, self.stopped_at = time.monotonic(), None
+        self.show(step)
+
     def show(self, text: str, from_service: bool = False) -> None:
         """A startup step, or a line the service logged (shown under the step)."""
         if from_service:
@@ -39,5 +50,6 @@ class LoadingPanel(Vertical):
         self._draw()
 
     def _draw(self) -> None:
-        elapsed = "" if self.steady else f" ({time.monotonic() - self.started:.0f} s)"
+        now = self.stopped_at if self.stopped_at is not None else time.monotonic()
+        elapsed = "" if self.steady else f" ({now - self.started:.0f} s)"
         self.query_one("#loading-step", Static).update(f"{self.step} ...{elapsed}")

@@ -10,6 +10,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from app.chat.widgets.foreground import foreground_style
+
 PROVENANCE_CLASSES = {"draft": "provenance--draft", "target": "provenance--target", "offline": "provenance--offline"}
 
 # C0 controls but tab and newline -> their Unicode control pictures; DEL and C1 likewise visible
@@ -31,7 +33,8 @@ class MarkedText(Static):
     def __init__(self, **kwargs):
         super().__init__("", markup=False, **kwargs)
         self._text = Text()
-        self._pending: list[tuple[str, str]] = []  # (piece, provenance) added before the styles are known
+        self._shown: list[tuple[str, str]] = []  # (piece, provenance) in _text, to restyle under a new theme
+        self._pending: list[tuple[str, str]] = []  # added before the styles are known
 
     def add(self, pieces: list[str], provenance: list[str]) -> None:
         self._pending.extend(zip(pieces, provenance))
@@ -41,8 +44,15 @@ class MarkedText(Static):
     def on_mount(self) -> None:
         self._flush()
 
+    def restyle(self) -> None:
+        """Draw every piece again with the styles of the theme now in use."""
+        self._pending[:0], self._shown, self._text = self._shown, [], Text()
+        if self.is_mounted:
+            self._flush()
+
     def _flush(self) -> None:
         for piece, mark in self._pending:
-            self._text.append(printable(piece), self.get_component_rich_style(PROVENANCE_CLASSES[mark]))
-        self._pending.clear()
+            self._text.append(printable(piece), foreground_style(self, PROVENANCE_CLASSES[mark]))
+        self._shown += self._pending
+        self._pending = []
         self.update(self._text)

@@ -16,6 +16,9 @@ from textual.message import Message
 from textual.widgets import TextArea
 
 
+PLACEHOLDER = "Message · Enter sends · ctrl+j new line · /help commands"
+
+
 class PromptInput(TextArea):
     BINDINGS = [
         Binding("ctrl+j", "newline", "Newline", key_display="ctrl+j"),
@@ -27,7 +30,8 @@ class PromptInput(TextArea):
         text: str
 
     def __init__(self, sent_prompts: list[str] | None = None, **kwargs):
-        super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kwargs)
+        super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", placeholder=PLACEHOLDER,
+                         **kwargs)
         self.sent_prompts = list(sent_prompts or [])
         self._browsing: int | None = None  # None: editing a new prompt
         self._draft_text = ""  # the unsent prompt while the history is browsed

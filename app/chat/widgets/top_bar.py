@@ -7,6 +7,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Static
 
+from app.chat.widgets.foreground import foreground_style
 from app.chat.widgets.marked_text import PROVENANCE_CLASSES
 
 LEGEND = (("draft", "draft"), ("target", "target"), ("offline", "unverified"))  # accepted draft, the target's own
@@ -29,7 +30,7 @@ class Legend(Static):
             return
         text = Text()
         for provenance, label in LEGEND:
-            text.append("■ " + label, self.get_component_rich_style(PROVENANCE_CLASSES[provenance]))
+            text.append("■ " + label, foreground_style(self, PROVENANCE_CLASSES[provenance]))
             text.append("  ")
         self.update(text.rstrip() or text)
 

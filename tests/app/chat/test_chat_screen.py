@@ -5,10 +5,13 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
+import threading
 
 import pytest
 from rich.console import Console
+from rich.style import Style
 from rich.text import Text
 
 from app.chat.chat_app import ChatApp
@@ -16,9 +19,11 @@ from app.chat.launch import embedded_target
 from app.cli import build_parser
 from app.chat.problem_screen import ProblemScreen
 from app.chat.widgets.assistant_turn import AssistantTurn
+from app.chat.widgets.foreground import foreground_style
 from app.chat.widgets.marked_text import MarkedText
 from app.chat.widgets.prompt_input import PromptInput
 from app.chat.widgets.status_line import StatusLine
+from app.chat.widgets.top_bar import Legend
 from app.chat.widgets.turns import Notice, UserTurn
 from tests.app.chat.conftest import answered, send, start_tiny_service, wait_for
 
@@ -70,22 +75,39 @@ async def test_a_prompt_is_answered_and_the_prompt_box_is_enabled_again(chat_set
     assert sum(len(e["ids"]) for e in events if e["type"] == "tokens") == 48
 
 
+async def _stop_after_ten_tokens(pilot) -> AssistantTurn:
+    """Wait until the reply streaming now has 10 tokens, press esc, wait until it ended."""
+    screen = pilot.app.chat_screen
+    await wait_for(pilot, lambda: screen.current is not None)
+    turn = screen.current
+    await wait_for(pilot, lambda: len(turn.reply.provenance) >= 10)
+    await pilot.press("escape")
+    await wait_for(pilot, lambda: not screen.replying)
+    return turn
+
+
 async def test_esc_stops_a_reply_and_keeps_what_came(chat_settings, tiny_service):
-    """Esc mid-reply: the reply ends early, stays on screen and on disk marked as stopped."""
+    """Esc mid-reply: the reply ends early, stays on screen and on disk marked as stopped; then the
+    chat takes a second message and slash commands again (esc used to leave it stuck)."""
     app = ChatApp(chat_settings(server=tiny_service, max_tokens=3000))
     async with app.run_test(size=SIZE) as pilot:
         await _ready(pilot)
         await send(pilot, "tell me everything")
-        await wait_for(pilot, lambda: app.chat_screen.current is not None)
-        turn = app.chat_screen.current
-        await wait_for(pilot, lambda: len(turn.reply.provenance) >= 10)
-        await pilot.press("escape")
-        await wait_for(pilot, lambda: not app.chat_screen.replying)
+        turn = await _stop_after_ten_tokens(pilot)
         kept = len(turn.reply.provenance)
         assert 10 <= kept < 3000 and turn.reply.stop_reason == "stopped"
         assert "stopped by you" in _plain(turn.query_one(".summary"))
         assert not app.screen.query_one(PromptInput).disabled
+        assert "stopping" not in _plain(app.screen.query_one(StatusLine))
         saved = app.engine.conversation.load(app.engine.chat.path).turns[0].reply
+
+        await send(pilot, "/k 2")
+        assert app.engine.k == 2 and "k = 2" in _plain(app.screen.query(Notice).last())
+        await send(pilot, "and now?")
+        second = await _stop_after_ten_tokens(pilot)
+        assert second.turn == 2 and second.reply.stop_reason == "stopped" and len(second.reply.provenance) >= 10
+        await send(pilot, "/stats")
+        assert "per turn" in _plain(app.screen.query(Notice).last())
     assert saved.stop_reason == "stopped" and len(saved.provenance) == kept and saved.text == turn.reply.text
 
 
@@ -113,7 +135,7 @@ async def test_killing_the_service_mid_reply_goes_offline_marked_and_verifies_ag
         notes = _plain(turn.query_one(".notes"))
         assert "lost the verification service" in notes and "unverified tokens are marked" in notes
         assert "unverified" in _plain(turn.query_one(".summary"))
-        offline_style = turn.query_one(MarkedText).get_component_rich_style("provenance--offline")
+        offline_style = foreground_style(turn.query_one(MarkedText), "provenance--offline")
         spans = turn.query_one(MarkedText)._text.spans
         assert offline_style.italic and any(span.style == offline_style for span in spans)
 
@@ -214,8 +236,10 @@ async def test_slash_commands_change_the_chat(chat_settings, tiny_service, tmp_p
         assert "## You\n\nhello" in text and "answer in French" in text and "verified by the target" in text
 
         previous = app.engine.chat.path
+        assert "tok/round" in _plain(status)
         await send(pilot, "/clear")
         assert not screen.query(AssistantTurn) and app.engine.chat is None
+        assert "tok/round" not in _plain(status) and "accept" not in _plain(status)  # the old chat's figures
         assert previous.stem in _plain(screen.query(Notice).last())
         await answered(pilot, "a new start")
         assert app.engine.chat.path != previous and len(app.engine.conversation.turns) == 1
@@ -228,6 +252,7 @@ async def test_keys_new_lines_earlier_prompts_and_the_command_palette(chat_setti
     async with app.run_test(size=SIZE) as pilot:
         await _ready(pilot)
         prompt = app.screen.query_one(PromptInput)
+        assert all(word in str(prompt.placeholder) for word in ("Enter", "ctrl+j", "/help"))
         await pilot.press("a", "ctrl+j", "b", "enter")
         await wait_for(pilot, lambda: app.engine.conversation.turns and not app.chat_screen.replying)
         assert app.engine.conversation.turns[0].user == "a\nb" and prompt.text == ""
@@ -245,3 +270,210 @@ async def test_keys_new_lines_earlier_prompts_and_the_command_palette(chat_setti
         await pilot.pause(0.3)
         await pilot.press("enter")
         await wait_for(pilot, lambda: "per turn" in _plain(app.screen.query(Notice).last()), what="the stats")
+
+
+async def test_the_wait_for_the_first_token_is_shown_and_its_time_reported(chat_settings, tiny_service):
+    """Until the first token: the reply says how many new tokens the models read and counts the
+    seconds, the status line drops the last reply's figures; after: the time to the first token is
+    in the reply's summary line and in /stats."""
+    app = ChatApp(chat_settings(server=tiny_service, max_tokens=16, steady_display=False))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(pilot)
+        await answered(pilot, "hello")
+        release = threading.Event()
+        generate = app.engine.speculator.generate
+
+        def held_generate(*args, **kwargs):
+            release.wait(30)  # as a service reading a long prompt would
+            return generate(*args, **kwargs)
+
+        app.engine.speculator.generate = held_generate
+        await send(pilot, "word " * 300)
+        await wait_for(pilot, lambda: "reading" in _plain(app.chat_screen.current.query_one(".waiting")))
+        waiting = app.chat_screen.current.query_one(".waiting")
+        match = re.search(r"reading ([\d,]+) new tokens \(([\d,]+) in all\) · waiting for the first token \((\d+) s\)",
+                          _plain(waiting))
+        assert match, _plain(waiting)
+        unread, in_all = int(match[1].replace(",", "")), int(match[2].replace(",", ""))
+        assert 300 <= unread < in_all
+        status = _plain(app.screen.query_one(StatusLine))
+        assert "waiting for the first token" in status and "accept" not in status
+        await pilot.pause(1.2)
+        assert re.search(r"first token \(([1-9]\d*) s\)", _plain(waiting)), _plain(waiting)
+        release.set()
+        await wait_for(pilot, lambda: not app.chat_screen.replying)
+        turn = app.screen.query(AssistantTurn).last()
+        assert not waiting.display
+        first = turn.reply.stats["first_token_s"]
+        assert first >= 1.0 and f"first token {first:.1f} s" in _plain(turn.query_one(".summary"))
+        await send(pilot, "/stats")
+        table = _plain(app.screen.query(Notice).last())
+        assert "1st token s" in table and f"{first:.2f}" in table
+
+
+async def test_page_keys_scroll_the_transcript_from_the_prompt_box_and_sending_follows_the_reply(chat_settings):
+    """PageUp/PageDown scroll the transcript while the prompt box keeps the focus; a message sent
+    while scrolled up brings the view to the bottom and it stays there as the reply grows."""
+    app = ChatApp(chat_settings(offline=True, max_tokens=120))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(pilot)
+        transcript = app.screen.query_one("#transcript")
+        prompt = app.screen.query_one(PromptInput)
+        for _ in range(3):
+            await send(pilot, "/help")
+        await pilot.pause(0.3)
+        assert transcript.max_scroll_y > 10 and transcript.scroll_y == transcript.max_scroll_y
+        await pilot.press("pageup")
+        await pilot.pause(0.3)
+        assert transcript.scroll_y < transcript.max_scroll_y and prompt.has_focus
+        up = transcript.scroll_y
+        await pilot.press("pagedown")
+        await pilot.pause(0.3)
+        assert transcript.scroll_y > up and prompt.has_focus
+        await pilot.press("pageup", "pageup")
+        await pilot.pause(0.3)
+        assert transcript.scroll_y < transcript.max_scroll_y
+        await answered(pilot, "a long one")
+        await pilot.pause(0.3)
+        assert transcript.scroll_y == transcript.max_scroll_y
+
+
+async def test_a_light_theme_leaves_no_dark_background_behind_reply_text_or_status(chat_settings):
+    """Switch to a light theme after a reply: the provenance-coloured text, the legend and the status
+    line carry no background of their own, and take the new theme's colours."""
+    app = ChatApp(chat_settings(offline=True, max_tokens=12))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(pilot)
+        turn = await answered(pilot, "hello")
+        app.theme = "textual-light"
+        await pilot.pause(0.5)
+        marked = turn.query_one(MarkedText)
+        offline = marked.get_component_rich_style("provenance--offline")
+        spans = marked._text.spans
+        assert spans and all(span.style.bgcolor is None for span in spans)
+        assert all(span.style.color == offline.color for span in spans)  # the light theme's colour
+        status = app.screen.query_one(StatusLine).render()
+        legend = app.screen.query_one(Legend).render()
+        for text in (status, legend):
+            assert text.spans and all(Style.parse(str(s.style)).bgcolor is None for s in text.spans), text.spans
+
+
+async def test_the_start_up_clock_stops_behind_the_problem_dialog_and_starts_again_on_retry(chat_settings):
+    """Unreachable service: behind the dialog the seconds stand still; "retry" counts afresh."""
+    app = ChatApp(chat_settings(server="ws://127.0.0.1:9", steady_display=False))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, ProblemScreen), what="the problem dialog")
+        step = app.chat_screen.query_one("#loading-step")
+        shown = _plain(step)
+        await pilot.pause(2.2)
+        assert _plain(step) == shown
+        panel = app.chat_screen.query_one("LoadingPanel")
+        first_attempt = panel.started
+        await wait_for(pilot, lambda: app.screen.query("#retry"), what="the offer to retry")
+        await pilot.press("r")
+        await wait_for(pilot, lambda: panel.started != first_attempt, timeout_s=10, what="a new attempt's clock")
+        await pilot.pause(0.6)
+        assert re.search(r"\((0|1|2) s\)", _plain(step)), _plain(step)
+
+
+async def test_retry_copy_and_edit_act_on_the_last_reply(chat_settings, tiny_service):
+    """/retry: the last reply is taken back and made again for the same message; /copy puts it on the
+    clipboard (and says there is no code block to copy); /edit: the last
+    message and its reply are taken back, the message is in the box, and what is sent replaces it.
+    The saved chat replays to the same turns."""
+    app = ChatApp(chat_settings(server=tiny_service, max_tokens=16))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(pilot)
+        screen = app.chat_screen
+        prompt = screen.query_one(PromptInput)
+        await answered(pilot, "first question")
+        await answered(pilot, "second question")
+        first_reply = screen.query(AssistantTurn).first().reply.text
+
+        before = len(screen.query(AssistantTurn))
+        await send(pilot, "/retry")
+        await wait_for(pilot, lambda: screen.current is None and not screen.replying
+                       and len(screen.query(AssistantTurn)) == before and screen.query(AssistantTurn).last().finished)
+        assert [t.user for t in app.engine.conversation.turns] == ["first question", "second question"]
+        assert [t.number for t in app.engine.conversation.turns] == [1, 2]
+        assert len(app.engine.conversation.turns[1].reply.provenance) == 16
+        assert [_plain(u.query_one(".body")) for u in screen.query(UserTurn)] == ["first question", "second question"]
+
+        await send(pilot, "/copy")
+        assert app.clipboard == app.engine.conversation.turns[1].reply.text.strip()
+        assert "OSC 52" in _plain(screen.query(Notice).last())
+        await send(pilot, "/copy code")
+        assert "no code block" in _plain(screen.query(Notice).last()) and prompt.text == "/copy code"
+
+        await send(pilot, "/edit")
+        assert prompt.text == "second question"
+        assert [t.user for t in app.engine.conversation.turns] == ["first question"]
+        assert len(screen.query(AssistantTurn)) == 1 and len(screen.query(UserTurn)) == 1
+        prompt.load_text("second question, better put")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: len(app.engine.conversation.turns) == 2 and not screen.replying
+                       and app.engine.conversation.turns[1].reply.stop_reason)
+        path = app.engine.chat.path
+    saved = app.engine.conversation.load(path)
+    assert [(t.number, t.user) for t in saved.turns] == [(1, "first question"), (2, "second question, better put")]
+    assert saved.turns[0].reply.text == first_reply and len(saved.turns[1].reply.provenance) == 16
+
+
+async def test_the_context_meter_counts_what_the_conversation_takes_of_the_context(chat_settings):
+    """After each reply the status line shows the prompt and reply tokens of the context, growing
+    turn by turn; a new chat starts it again."""
+    app = ChatApp(chat_settings(offline=True, max_tokens=16, context=256))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(pilot)
+        status = app.screen.query_one(StatusLine)
+        assert "ctx" not in _plain(status)
+        used = []
+        for text in ("hello", "and more words to make it grow", "once more"):
+            turn = await answered(pilot, text)
+            used.append(turn.reply.stats["prompt_tokens"] + len(turn.reply.provenance))
+            assert f"ctx {used[-1]:,}/256" in _plain(status), _plain(status)
+        assert used[0] < used[1] < used[2]
+        await send(pilot, "/clear")
+        assert "ctx" not in _plain(status)
+
+
+async def test_marks_off_in_the_settings_starts_with_rendered_markdown(chat_settings):
+    """marks = false (the config file's [chat]): replies come as Markdown, the legend says marks are off."""
+    app = ChatApp(chat_settings(offline=True, max_tokens=8, marks=False))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(pilot)
+        turn = await answered(pilot, "hello")
+        assert not turn.query_one(MarkedText).display and turn.query_one("Markdown").display
+        assert "marks off" in _plain(app.screen.query_one(Legend))
+
+
+async def test_saved_chats_are_listed_opened_and_deleted_inside_the_app(chat_settings):
+    """/chats (and ctrl+o) lists the saved chats; /chats open N shows that chat and goes on in its file;
+    /chats delete removes another one and refuses the one open here."""
+    app = ChatApp(chat_settings(offline=True, max_tokens=8))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(pilot)
+        screen = app.chat_screen
+        await answered(pilot, "the first chat")
+        first = app.engine.conversation.chat_id
+        await send(pilot, "/clear")
+        await answered(pilot, "the second chat")
+        second = app.engine.conversation.chat_id
+        await pilot.press("ctrl+o")
+        listing = _plain(screen.query(Notice).last())
+        assert f"{second}" in listing and "(this chat)" in listing and "the first chat" in listing
+        assert listing.index(second) < listing.index(first)  # newest first
+
+        await send(pilot, "/chats open 2")
+        assert app.engine.conversation.chat_id == first
+        assert [_plain(u.query_one(".body")) for u in screen.query(UserTurn)] == ["the first chat"]
+        assert f"opened chat {first}: 1 turn" in _plain(screen.query(Notice).last())
+        await answered(pilot, "back to the first")
+        assert [t.user for t in app.engine.conversation.load(app.engine.chat.path).turns] == [
+            "the first chat", "back to the first"]
+
+        await send(pilot, f"/chats delete {first}")
+        assert "the chat open here" in _plain(screen.query(Notice).last())
+        await send(pilot, f"/chats delete {second}")
+        assert f"deleted chat {second}" in _plain(screen.query(Notice).last())
+        assert [s.id for s in app.engine.store.list()] == [first]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.chat.engine import ChatEngine
+from app.chat.state import StartupProblem
 from tests.local_draft.test_fallback import target_alone
 
 
@@ -12,10 +13,13 @@ class Recorder:
     """An EngineListener that keeps what it hears."""
 
     def __init__(self):
-        self.notes, self.rounds, self.connections = [], [], []
+        self.notes, self.rounds, self.connections, self.readings = [], [], [], []
 
     def progress(self, text, from_service=False):
         pass
+
+    def reading(self, turn, prompt_tokens, unread_tokens):
+        self.readings.append((turn, prompt_tokens, unread_tokens))
 
     def committed(self, turn, provenance, pieces, stats):
         self.rounds.append((turn, provenance, pieces))
@@ -58,6 +62,9 @@ def test_greedy_replies_are_the_targets_own_and_earlier_tokens_are_kept_as_gener
         assert turn.reply.token_ids == target_alone(llamacpp_target, context, len(turn.reply.token_ids))
         assert set(turn.reply.provenance) <= {"draft", "target"} and "draft" in turn.reply.provenance
     assert contexts[1][: len(contexts[0]) + 40] == contexts[0] + turns[0].reply.token_ids
+    (_, first_all, first_unread), (_, second_all, second_unread) = engine.listener.readings
+    assert first_all == first_unread == len(contexts[0])  # nothing read before the first turn
+    assert second_all == len(contexts[1]) and second_unread == len(contexts[1]) - len(contexts[0]) - 40
     assert contexts[0] == engine.draft.tokenize(engine.template.render(engine.conversation.messages()[:1]))
 
 
@@ -125,3 +132,15 @@ def test_adaptive_k_is_kept_across_turns_and_chats(chat_settings, tiny_service):
         assert again.speculator.controller.state() == list(saved.values())[0]
     finally:
         again.close()
+
+
+def test_a_missing_draft_model_is_reported_before_the_service_starts(chat_settings, tmp_path):
+    """The draft file is gone: start() says so at once, and no embedded service was started for nothing."""
+    engine = ChatEngine(chat_settings(draft=tmp_path / "gone.gguf"), Recorder())
+    try:
+        with pytest.raises(StartupProblem, match="no draft model at") as raised:
+            engine.start()
+        assert raised.value.kind == "missing_model" and not raised.value.offline_possible
+        assert engine.service is None
+    finally:
+        engine.close()

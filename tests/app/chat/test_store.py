@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
 
 from app.chat.conversation import Conversation
-from app.chat.store import ChatNotFound, ChatStore, Committed, Note, ReplyEnded, SystemPrompt, UserMessage
+from app.chat.store import ChatInUse, ChatNotFound, ChatStore, Committed, Note, ReplyEnded, SystemPrompt, UserMessage
 
 
 def _chat_with_one_turn(store: ChatStore, text: str = "hello"):
@@ -82,3 +84,28 @@ def test_chats_are_listed_newest_first_and_found_by_id_prefix_or_as_the_latest(t
         store.path_of("nosuchchat")
     with pytest.raises(ChatNotFound, match="no saved chat"):
         ChatStore(tmp_path / "empty").path_of(None)
+
+
+def test_resume_without_an_id_skips_a_newer_chat_open_in_another_process(tmp_path):
+    """Two chats at once: the other process's newer, open chat is not the one `--resume` picks, and
+    naming it is refused; once that process ends (even by kill -9) it is the latest again."""
+    store = ChatStore(tmp_path)
+    mine = _chat_with_one_turn(store, "mine")
+    mine.close()
+    os.utime(mine.path, (time.time() - 60, time.time() - 60))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from app.chat.store import ChatStore;"
+         "c = ChatStore(Path(sys.argv[1])).create('draft.gguf', 'offline'); print(c.id, flush=True); time.sleep(60)",
+         str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        theirs = holder.stdout.readline().strip()
+        assert store.list()[0].id == theirs  # newer
+        assert store.path_of(None) == mine.path
+        with pytest.raises(ChatInUse, match="open in another"):
+            store.path_of(theirs)
+        with pytest.raises(ChatInUse):
+            store.reopen(theirs)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert store.path_of(None).stem == theirs

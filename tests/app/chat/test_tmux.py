@@ -2,7 +2,8 @@
 
 One run through what a user does: answer a prompt (marks and status line), lose the
 embedded service mid-reply (the offline notice, the reply completed, unverified tokens
-marked), quit, resume the whole conversation, and SIGKILL the chat (its service goes too).
+marked), quit, resume the whole conversation, stop a reply with esc and send another (a
+5,000-character paste, answered verified), and SIGKILL the chat (its service goes too).
 tmux is installed by `packaging/install.sh --dev`; without it this test fails, it does not skip.
 """
 
@@ -90,11 +91,31 @@ def _descendants(pid: int) -> dict[int, str]:
     return found
 
 
+def _saved_events(data_home: Path) -> list[dict]:
+    (chat,) = (data_home / "specwire" / "chats").glob("*.jsonl")
+    return [json.loads(line) for line in chat.read_text().splitlines() if line.endswith("}")]
+
+
 def _saved_tokens(data_home: Path, turn: int) -> int:
     """Tokens of a turn's reply committed so far, read from the chat's file as it is written."""
-    (chat,) = (data_home / "specwire" / "chats").glob("*.jsonl")
-    events = [json.loads(line) for line in chat.read_text().splitlines() if line.endswith("}")]
-    return sum(len(e["ids"]) for e in events if e["type"] == "tokens" and e["turn"] == turn)
+    return sum(len(e["ids"]) for e in _saved_events(data_home) if e["type"] == "tokens" and e["turn"] == turn)
+
+
+def _saved_end(data_home: Path, turn: int) -> dict | None:
+    """The end event of a turn's reply, once it ended."""
+    return next((e for e in _saved_events(data_home) if e["type"] == "end" and e["turn"] == turn), None)
+
+
+def _stream_then(tmux: Tmux, name: str, data_home: Path, turn: int, key: str) -> None:
+    """Once the reply of `turn` has streamed 10 tokens (polled fast: tiny replies are quick), press `key`."""
+    deadline = time.monotonic() + 120
+    while _saved_tokens(data_home, turn) < 10:
+        assert time.monotonic() < deadline, f"the reply of turn {turn} did not stream"
+        time.sleep(0.01)
+    tmux("send-keys", "-t", name, key)
+
+
+PASTE = ("The quick brown fox jumps over the lazy dog while the sorting function walks the array. " * 60)[:5000]
 
 
 def _service_pid(tmux: Tmux, name: str) -> int:
@@ -133,8 +154,7 @@ def test_the_real_chat_in_tmux_answers_goes_offline_resumes_and_leaves_no_servic
     tmux("send-keys", "-t", "first", "def quicksort(arr):", "Enter")
     screen = tmux.wait_for("first", r"400 tokens: \d+ draft, \d+ target ·")
     assert "You" in screen and "def quicksort(arr):" in screen and "Assistant" in screen
-    # "(N)": the latest round's draft length, not shown when it drafted nothing (a reply's last
-    # token, or a round at k = 0)
+    # "(k)" is the last round's draft length, absent when it was 0 (a last round with one token left)
     _shows(r"hybrid │ ● embedded service │ rtt \d+ ms │ k auto( \(\d+\))? │ accept \d+% │ tok/round [\d.]+", screen)
     assert "■ draft  ■ target  ■ unverified" in screen
     coloured = tmux.screen("first", colours=True)
@@ -162,6 +182,23 @@ def test_the_real_chat_in_tmux_answers_goes_offline_resumes_and_leaves_no_servic
     assert f"resumed chat {chat_id}: 2 turns" in screen
     assert "def quicksort(arr):" in screen and "tell me more" in screen
     assert len(re.findall(r"400 tokens:", screen)) == 2 and "lost the verification service" in screen
+
+    # esc mid-reply, then a second message: a 5,000-character paste, answered verified
+    tmux("send-keys", "-t", "resumed", "tell me a story", "Enter")
+    _stream_then(tmux, "resumed", tmp_path / "data", 3, "Escape")
+    tmux.wait_for("resumed", r"stopped\s+by\s+you")  # the summary line may wrap
+    assert _saved_end(tmp_path / "data", 3)["stop_reason"] == "stopped"
+    tmux("set-buffer", "-b", "paste", PASTE)
+    tmux("paste-buffer", "-p", "-b", "paste", "-t", "resumed")  # bracketed, as a terminal pastes
+    tmux.wait_for("resumed", r"lazy dog while the sorting")
+    tmux("send-keys", "-t", "resumed", "Enter")
+    wait_until(lambda: _saved_end(tmp_path / "data", 4) is not None, 180, "the reply to the paste")
+    pasted = next(e for e in _saved_events(tmp_path / "data") if e["type"] == "user" and e["turn"] == 4)
+    assert pasted["text"] == PASTE
+    end = _saved_end(tmp_path / "data", 4)
+    assert end["stats"]["offline"] == 0 and end["stats"]["generated"] > 0 and end["stats"]["prompt_tokens"] > 3000
+    screen = tmux.wait_for("resumed", r"\d+ tokens: \d+ draft, \d+ target( ·|\n)")
+    assert "unverified" not in screen.split("lazy dog")[-1]
 
     service = _service_pid(tmux, "resumed")
     os.kill(_chat_pid(tmux, "resumed"), signal.SIGKILL)

@@ -1,0 +1,48 @@
+"""Client message types whose every list has a length bound, for the service's decoder.
+
+The wire types (wire/protocol.py) take lists of any length. Decoding one into Python
+objects costs time and memory in proportion to its elements, on the event loop, before
+any check can refuse it: a 1 MiB frame holds a million token ids, or a million empty
+lists. The types here are subclasses of the wire types (the rest of the service sees a
+`Verify`, a `Sync`, ...) with `max_length` on each list. msgpack states an array's length
+in its header, and msgspec checks the bound there, before decoding an element, so a frame
+that breaks a bound is refused after a few bytes; one that keeps every bound decodes into
+at most `max_context` ids per history and `max_draft` entries per draft.
+
+What remains is proportional to the frame's bytes without building anything: skipping a
+field this version does not know (fields are only appended) and reading strings.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Union
+
+import msgspec
+
+from wire.limits import MAX_DIST_TOKENS, MAX_STOP_IDS
+from wire.protocol import Cancel, Generate, Hello, SparseDist, Sync, Verify
+
+
+def _bounded(length: int, element=int):
+    return Annotated[list[element], msgspec.Meta(max_length=length)]
+
+
+def bounded_client_message(max_context: int, max_draft: int):
+    """The union of client messages with every list bounded; for `msgspec.msgpack.Decoder`.
+
+    A history list may hold the whole context (longer ones cannot fit; the session refuses
+    those of exactly the context's length with its own message), a draft `max_draft`
+    tokens, a draft distribution MAX_DIST_TOKENS ids.
+    """
+    dist = msgspec.defstruct("SparseDist", [("ids", _bounded(MAX_DIST_TOKENS)),
+                                            ("probs", _bounded(MAX_DIST_TOKENS, float))],
+                             bases=(SparseDist,), array_like=True)
+    verify = msgspec.defstruct("Verify", [("append", _bounded(max_context), []),
+                                          ("draft", _bounded(max_draft), []),
+                                          ("draft_dists", _bounded(max_draft, dist), [])],
+                               bases=(Verify,), tag="verify")
+    sync = msgspec.defstruct("Sync", [("tokens", _bounded(max_context))], bases=(Sync,), tag="sync")
+    generate = msgspec.defstruct("Generate", [("append", _bounded(max_context), []),
+                                              ("stop_ids", _bounded(MAX_STOP_IDS), [])],
+                                 bases=(Generate,), tag="generate")
+    return Union[Hello, verify, sync, generate, Cancel]

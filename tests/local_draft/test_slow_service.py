@@ -1,0 +1,50 @@
+"""A service slow to read a long prompt is waited for, not taken for a lost one."""
+
+from __future__ import annotations
+
+import time
+
+from local_draft.service_link import ServiceLink
+from local_draft.speculator import Speculator
+from tests.conftest import RunningService, hello_for
+from wire.protocol import SamplingParams
+
+SECONDS_PER_PROMPT_TOKEN = 0.1  # twice the rate the client expects (SECONDS_PER_NEW_TOKEN)
+PROMPT_TOKENS = 40  # 4 s to read it, with a stall timeout of 0.5 s
+
+
+class SlowPrefillTarget:
+    """The real target, taking SECONDS_PER_PROMPT_TOKEN for every token of a long forward pass
+    (a large model reading a prompt on a CPU); the rounds after it are fast."""
+
+    def __init__(self, target):
+        self._target = target
+        self.slow_forwards = 0
+
+    def __getattr__(self, name):
+        return getattr(self._target, name)
+
+    def forward(self, cache, tokens, n_logits):
+        if len(tokens) > 8:
+            time.sleep(SECONDS_PER_PROMPT_TOKEN * len(tokens))
+            self.slow_forwards += 1
+        return self._target.forward(cache, tokens, n_logits)
+
+
+def test_a_prompt_the_service_reads_slowly_is_verified_not_taken_for_a_lost_service(llamacpp_target, close_draft):
+    """The first round carries a prompt the service needs 4 s for, far past the expected time and the
+    0.5 s stall timeout; the service answers pings meanwhile, so the round is waited for and verified."""
+    slow = SlowPrefillTarget(llamacpp_target)
+    running = RunningService(slow)
+    link = ServiceLink(running.url, hello_for(close_draft), stall_timeout_s=0.5)
+    prompt = close_draft.tokenize("def quicksort(arr):\n    " * 8)[:PROMPT_TOKENS]
+    assert len(prompt) == PROMPT_TOKENS
+    try:
+        started = time.monotonic()
+        result = Speculator(close_draft, link, SamplingParams(), k=4).generate(prompt, 8)
+        took = time.monotonic() - started
+    finally:
+        link.close()
+        running.close()
+    assert slow.slow_forwards == 1 and took >= SECONDS_PER_PROMPT_TOKEN * PROMPT_TOKENS
+    assert result.stats.offline == 0 and link.connections == 1 and len(result.token_ids) == 8
