@@ -34,12 +34,14 @@ if [[ -z "${CMAKE_ARGS:-}" ]] && grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; th
 fi
 # Without llamafile's tinyBLAS, whose float products of 2+ rows sum in another order than
 # one row's: the target's verified blocks then score like tokens decoded one at a time
-# (remote_verify/backends/llamacpp_backend.py). An older build that has it is rebuilt.
+# (remote_verify/backends/llamacpp_backend.py). An older build that has it is rebuilt. The
+# version is the one whose kernels were read for batch shape; a new one is read again first.
+llama_version="llama-cpp-python==0.3.36"
 export CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_LLAMAFILE=OFF"
 if ! .venv/bin/python -c "import llama_cpp, sys; sys.exit(llama_cpp.llama_cpp._lib.ggml_cpu_has_llamafile())" 2>/dev/null; then
     # no wheel cache: a wheel built earlier with other CMAKE_ARGS must not be reused
-    .venv/bin/python -m pip install --quiet --no-cache-dir --force-reinstall --no-deps "llama-cpp-python>=0.3.8"
-    .venv/bin/python -m pip install --quiet "llama-cpp-python>=0.3.8"  # its dependencies, if new
+    .venv/bin/python -m pip install --quiet --no-cache-dir --force-reinstall --no-deps "$llama_version"
+    .venv/bin/python -m pip install --quiet "$llama_version"  # its dependencies, if new
 fi
 .venv/bin/python -m pip install --quiet -e ".[${extras}]"
 if [[ "${1:-}" == "--dev" ]] && ! command -v tmux >/dev/null; then
