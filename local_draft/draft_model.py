@@ -1,7 +1,7 @@
 """The draft model: a GGUF file run by llama.cpp, proposing blocks of tokens.
 
-This is the only module of the client that imports llama_cpp (after `quiet_openmp`, which
-must come first: wire/threads.py). The model keeps a KV cache of the tokens
+This is the only module of the client that imports llama_cpp (after `prepare_llama_cpp`,
+which must come first: wire/llama_switches.py). The model keeps a KV cache of the tokens
 it has evaluated; `propose` first catches the cache up with the committed history (reusing
 the longest common prefix, so a rejection costs a roll back, not a recompute), then
 drafts k tokens one at a time.
@@ -14,9 +14,10 @@ import logging
 from pathlib import Path
 from typing import Callable, Sequence
 
-from wire.threads import DRAFT_THREADS, quiet_openmp
+from wire.llama_switches import prepare_llama_cpp
+from wire.threads import DRAFT_THREADS
 
-quiet_openmp()  # before llama.cpp's OpenMP runtime loads: it reads the wait policy only then
+prepare_llama_cpp()  # before llama.cpp loads: switches it reads once per process
 
 import llama_cpp  # noqa: E402
 import numpy as np  # noqa: E402

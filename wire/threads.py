@@ -14,7 +14,7 @@ OpenMP, whose idle threads spin for a while at each barrier and between decodes;
 pools on the same cores starve each other (201 ms per drafted token instead of 1 ms beside
 one busy process, on two cores). `OMP_WAIT_POLICY=PASSIVE` makes them block instead;
 libgomp reads it once, when it loads, so `quiet_openmp` must run before llama_cpp is first
-imported (the two modules that import it call it first).
+imported (the two modules that import it call it first, through wire/llama_switches.py).
 """
 
 from __future__ import annotations

@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from wire.threads import quiet_openmp, service_threads
+from wire.llama_switches import prepare_llama_cpp
+from wire.threads import service_threads
 
-quiet_openmp()  # before llama.cpp's OpenMP runtime loads: it reads the wait policy only then
+prepare_llama_cpp()  # before llama.cpp loads: switches it reads once per process
 
 import llama_cpp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -63,8 +64,9 @@ class LlamaCppTarget:
         if not self.path.is_file():
             raise FileNotFoundError(f"the llama.cpp backend needs a GGUF file; {self.path} is not one")
         set_verbose(log.isEnabledFor(logging.DEBUG))  # llama.cpp's own log, off unless debugging
-        if batch_invariant:
-            os.environ["GGML_CPU_TILED_MM"] = "0"  # before the process's first matrix product
+        # Read at the process's first matrix product: decides in a service (this is its first
+        # model); in a process that computed already, the value set at import stays.
+        os.environ["GGML_CPU_TILED_MM"] = "0" if batch_invariant else "1"
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = gpu_layers  # -1: all layers on the GPU when llama.cpp has one
         params.use_extra_bufts = not batch_invariant  # repacked weights: gemm by 4 rows, gemv for the rest

@@ -68,7 +68,7 @@ seen = {}
 class Watch(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name == "llama_cpp" and "llama_cpp" not in seen:
-            seen["llama_cpp"] = os.environ.get("OMP_WAIT_POLICY")
+            seen["llama_cpp"] = [os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GGML_CPU_TILED_MM")]
         return None
 sys.meta_path.insert(0, Watch())
 import MODULE
@@ -79,11 +79,12 @@ print(json.dumps(seen))
 @pytest.mark.parametrize("module", ["local_draft.draft_model", "remote_verify.backends.llamacpp_backend"])
 @pytest.mark.parametrize("preset, expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
 def test_wait_policy_is_set_before_llama_cpp_loads(module, preset, expected):
-    """In a fresh process, OMP_WAIT_POLICY is PASSIVE (or the user's own) when llama_cpp is first imported."""
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    """In a fresh process, OMP_WAIT_POLICY is PASSIVE (or the user's own) when llama_cpp is first imported,
+    and the tiled product is off (batch invariance: the drafter sets it too, for a process holding both)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GGML_CPU_TILED_MM")}
     env["PYTHONPATH"] = str(REPO)
     if preset:
         env["OMP_WAIT_POLICY"] = preset
     out = subprocess.run([sys.executable, "-c", WATCH_IMPORT.replace("MODULE", module)], env=env, cwd=REPO,
                          capture_output=True, text=True, check=True, timeout=120).stdout
-    assert json.loads(out.splitlines()[-1]) == {"llama_cpp": expected}
+    assert json.loads(out.splitlines()[-1]) == {"llama_cpp": [expected, "0"]}
