@@ -4,7 +4,7 @@
     k = "auto"            # or a number of draft tokens per round (0: the service writes every token)
     temperature = 0.7
     system = "Answer briefly."
-    marks = false         # start with rendered Markdown instead of provenance marks
+    marks = false         # start with rendered Markdown (code coloured by token, prose by gutter) instead of raw text
 
 The file is the one the model pairs live in (`SPECWIRE_CONFIG`, default
 ~/.config/specwire/config.toml). A wrong value is a UserError that names the file and the key.

@@ -30,7 +30,7 @@ class ChatSettings:
     draft_threads: int = DRAFT_THREADS  # the embedded service gets the physical cores left (wire/threads.py)
     resume: Path | None = None  # a saved chat to continue
     chats_dir: Path | None = None  # None: $XDG_DATA_HOME/specwire/chats
-    marks: bool = True  # start with provenance marks (False: rendered Markdown; ctrl+t switches)
+    marks: bool = True  # start with raw text coloured by token (False: rendered Markdown, code by token, prose by gutter; ctrl+t switches)
     restart_service: bool = True  # restart the embedded service if it dies
     steady_display: bool = False  # no timings and no blinking cursor: screens that compare equal (tests)
 

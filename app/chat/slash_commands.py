@@ -28,7 +28,7 @@ COMMANDS = [
     SlashCommand("retry", "/retry", "take the last reply back and generate it again"),
     SlashCommand("edit", "/edit", "take the last message and its reply back, into the box to change"),
     SlashCommand("copy", "/copy [code [N]]", "the last reply, or its last (N-th) code block, to the clipboard", True),
-    SlashCommand("marks", "/marks", "provenance marks on or off (ctrl+t)"),
+    SlashCommand("marks", "/marks", "provenance on raw text, or rendered Markdown (ctrl+t)"),
     SlashCommand("stats", "/stats", "statistics of every turn and of the whole chat"),
     SlashCommand("save", "/save [FILE]", "write the chat as Markdown (default: ./specwire-chat-ID.md)", True),
     SlashCommand("chats", "/chats [open|delete N|ID]", "the saved chats (ctrl+o); open or delete one", True),
@@ -64,6 +64,6 @@ def help_text() -> str:
     lines = [f"{command.usage:{width}}  {command.help}" for command in COMMANDS]
     lines += ["",
               "enter sends · ctrl+j or alt+enter: a new line · up/down: earlier prompts · //x sends /x",
-              "esc stops a reply (keeping what came) · pgup/pgdn scroll · ctrl+t marks · ctrl+o chats · ctrl+p commands",
+              "esc stops a reply (keeping what came) · pgup/pgdn scroll · ctrl+t raw/Markdown · ctrl+o chats · ctrl+p commands",
               "ctrl+q quits"]
     return "\n".join(lines)

@@ -1,21 +1,21 @@
 """One reply in the transcript: streamed as it is committed, with its notes and figures.
 
-Provenance and Markdown do not mix: rendering Markdown moves and restyles the text, so a
-token's colour has nowhere to go. With marks on, the reply is shown as its text with each
-token coloured by provenance (code reads fine as source); with marks off it is rendered
-Markdown with highlighted code blocks. Both views follow the stream; the hidden Markdown
-view is brought up to date when it is shown, so streaming pays for one view only.
+Two views, switched with ctrl+t. The raw view shows the reply's text with every token
+coloured by provenance. The Markdown view renders it (`marked_markdown.py`): code blocks keep
+a colour per token, prose shows its provenance as a gutter, since rendering moves its words.
+Both follow the stream; the hidden view is brought up to date when it is shown, so streaming
+pays for one view only.
 """
 
 from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import Label, Markdown, Static
-from textual.widgets.markdown import MarkdownStream
+from textual.widgets import Label, Static
 
 from app.chat.conversation import Reply
-from app.chat.widgets.marked_text import MarkedText, printable
+from app.chat.widgets.marked_markdown import MarkedMarkdown
+from app.chat.widgets.marked_text import MarkedText
 from app.chat.widgets.waiting_line import WaitingLine
 
 STOP_REASONS = {
@@ -53,8 +53,8 @@ class AssistantTurn(Vertical):
         self.steady = steady
         self.reply = reply or Reply()  # what has been shown so far (a finished turn's saved reply)
         self.finished = reply is not None  # a saved reply is over, even one a crash interrupted
-        self._markdown_length = 0  # characters of the reply the Markdown view holds
-        self._stream: MarkdownStream | None = None
+        self._markdown_pieces = 0  # pieces of the reply the Markdown view holds
+        self._markdown_finished = False
 
     def compose(self) -> ComposeResult:
         yield Label("Assistant", classes="role")
@@ -65,7 +65,7 @@ class AssistantTurn(Vertical):
         marked.add(self.reply.pieces, self.reply.provenance)
         marked.display = self.marks
         yield marked
-        markdown = Markdown(classes="body")
+        markdown = MarkedMarkdown(classes="rendered")
         markdown.display = not self.marks
         yield markdown
         yield Static("", markup=False, classes="notes")
@@ -91,7 +91,7 @@ class AssistantTurn(Vertical):
             self.query_one(WaitingLine).display = False
         self.reply.pieces += pieces
         self.reply.provenance += provenance
-        self.query_one(MarkedText).add(pieces, provenance)
+        self.query_one("MarkedText.body", MarkedText).add(pieces, provenance)
         if not self.marks:
             await self._catch_up_markdown()
 
@@ -103,33 +103,25 @@ class AssistantTurn(Vertical):
         self.finished = True
         self.query_one(WaitingLine).display = False
         self.reply.stop_reason, self.reply.stats = stop_reason, stats
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
         if not self.marks:
             await self._catch_up_markdown()
         self._show_summary(stats)
 
     async def set_marks(self, marks: bool) -> None:
         self.marks = marks
-        self.query_one(MarkedText).display = marks
-        self.query_one(Markdown).display = not marks
+        self.query_one("MarkedText.body", MarkedText).display = marks
+        self.query_one(MarkedMarkdown).display = not marks
         if not marks:
             await self._catch_up_markdown()
 
     async def _catch_up_markdown(self) -> None:
-        text = self.reply.text
-        shown, self._markdown_length = self._markdown_length, len(text)
-        if len(text) == shown:
-            return
-        if self.finished:
-            await self.query_one(Markdown).update(printable(text))
-            return
-        if self._stream is None:
-            markdown = self.query_one(Markdown)
-            await markdown.update(printable(text[:shown]))
-            self._stream = Markdown.get_stream(markdown)
-        await self._stream.write(printable(text[shown:]))
+        view = self.query_one(MarkedMarkdown)
+        shown, self._markdown_pieces = self._markdown_pieces, len(self.reply.pieces)
+        if shown < len(self.reply.pieces):
+            await view.add(self.reply.pieces[shown:], self.reply.provenance[shown:])
+        if self.finished and not self._markdown_finished:
+            self._markdown_finished = True
+            await view.finish()
 
     def _show_notes(self) -> None:
         notes = self.query_one(".notes", Static)

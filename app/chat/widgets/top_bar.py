@@ -24,14 +24,14 @@ class Legend(Static):
         self.show(self.marks)
 
     def show(self, marks: bool) -> None:
+        """The colours, and which view shows them: raw text, or Markdown (code by token, prose by gutter)."""
         self.marks = marks
-        if not marks:
-            self.update("marks off (ctrl+t)")
-            return
         text = Text()
         for provenance, label in LEGEND:
             text.append("■ " + label, foreground_style(self, PROVENANCE_CLASSES[provenance]))
             text.append("  ")
+        if not marks:
+            text.append("· Markdown (ctrl+t)")
         self.update(text.rstrip() or text)
 
 

@@ -438,13 +438,13 @@ async def test_the_context_meter_counts_what_the_conversation_takes_of_the_conte
 
 
 async def test_marks_off_in_the_settings_starts_with_rendered_markdown(chat_settings):
-    """marks = false (the config file's [chat]): replies come as Markdown, the legend says marks are off."""
+    """marks = false (the config file's [chat]): replies come as Markdown, and the legend says so."""
     app = ChatApp(chat_settings(offline=True, max_tokens=8, marks=False))
     async with app.run_test(size=SIZE) as pilot:
         await _ready(pilot)
         turn = await answered(pilot, "hello")
         assert not turn.query_one(MarkedText).display and turn.query_one("Markdown").display
-        assert "marks off" in _plain(app.screen.query_one(Legend))
+        assert "Markdown (ctrl+t)" in _plain(app.screen.query_one(Legend))
 
 
 async def test_saved_chats_are_listed_opened_and_deleted_inside_the_app(chat_settings):
