@@ -38,9 +38,18 @@ def test_ranges_and_missing_topology(tmp_path):
     assert physical_cores({0, 1, 5}, sysfs) == 2
 
 
-def test_this_machine_has_at_least_one_core():
-    """The real topology gives between 1 and the logical CPU count."""
-    assert 1 <= physical_cores() <= len(os.sched_getaffinity(0))
+def test_this_machine_counts_cores_as_its_topology_does():
+    """On the real sysfs the count equals the distinct (package, core id) pairs of the usable CPUs,
+    read from other files than the sibling lists physical_cores reads (one per CPU where absent)."""
+    root = Path("/sys/devices/system/cpu")
+    cores = set()
+    for cpu in os.sched_getaffinity(0):
+        topology = root / f"cpu{cpu}" / "topology"
+        try:
+            cores.add(((topology / "physical_package_id").read_text(), (topology / "core_id").read_text()))
+        except OSError:
+            cores.add(("unknown", str(cpu)))
+    assert physical_cores() == len(cores)
 
 
 def test_sharing_rule_leaves_the_drafter_its_threads():
