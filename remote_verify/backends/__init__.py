@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
@@ -31,6 +32,33 @@ class TargetBackend(Protocol):
 
     def truncate(self, cache: Any, length: int) -> None:
         """Drop every cached position from `length` on (roll back without recomputing)."""
+
+
+@dataclass
+class Pass:
+    """One session's share of a forward pass: tokens appended to its cache, results wanted
+    for the last `n_logits` positions. With `argmax_only` (greedy verification) a backend
+    may return the (n_logits,) argmax ids instead of the (n_logits, V) logits, so that a
+    GPU sends a few integers to the host rather than rows of 151,936 floats."""
+
+    cache: Any
+    tokens: Sequence[int]
+    n_logits: int
+    argmax_only: bool = False
+
+
+def run_passes(backend: TargetBackend, passes: Sequence[Pass]) -> list[np.ndarray]:
+    """Run several sessions' passes: as one batch where the backend has `forward_many`
+    (its i-th result is what `forward` gives for passes[i], with the same bits where the
+    backend is batch-invariant), else one `forward` after another."""
+    forward_many = getattr(backend, "forward_many", None)
+    if forward_many is not None:
+        return forward_many(passes)
+    results = []
+    for item in passes:
+        logits = backend.forward(item.cache, item.tokens, item.n_logits)  # (n_logits, V)
+        results.append(logits.argmax(axis=-1) if item.argmax_only else logits)
+    return results
 
 
 def load_backend(kind: str, target: str | Path, device: str = "auto", threads: int | None = None,
