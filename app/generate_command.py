@@ -8,8 +8,9 @@ import json
 import os
 import sys
 
-from app.generation_flags import add_k_argument, add_sampling_arguments, sampling_params
+from app.generation_flags import add_k_argument, add_mix_argument, add_sampling_arguments, drafting, sampling_params
 from app.model_paths import resolve_model
+from app.tokenizer_source import load_tokenizer
 from app.threads_flags import add_draft_threads_argument
 from app.token_file import read_token_file
 from app.user_error import UserError
@@ -18,7 +19,11 @@ from app.user_error import UserError
 def register(sub: argparse._SubParsersAction) -> None:
     env = os.environ.get
     gen = sub.add_parser("generate", help="generate a continuation of one prompt")
-    gen.add_argument("--draft", help="draft model GGUF file (default: the draft of --pair)")
+    gen.add_argument("--draft", help="draft model GGUF file (default: the draft of --pair), or `ngram`: draft by "
+                     "copying the context, with no model at all (a lost service is then an error)")
+    gen.add_argument("--tokenizer", help="with --draft ngram: the GGUF whose vocabulary tokenizes "
+                     "(default: the draft of --pair; only its vocabulary is read)")
+    add_mix_argument(gen)
     gen.add_argument("--pair", default=env("SPECWIRE_PAIR"), help="model pair (default: the default pair)")
     where = gen.add_mutually_exclusive_group()
     where.add_argument("--server", default=env("SPECWIRE_SERVER", "ws://127.0.0.1:8765"),
@@ -54,11 +59,18 @@ def run_generate(args: argparse.Namespace) -> int:
 
     params = sampling_params(args)
     mode = "offline" if args.offline else args.mode
-    try:  # server mode runs no draft model: its vocabulary is enough to tokenize
-        draft = DraftModel(resolve_model(args.draft, args.pair, "draft"), gpu_layers=args.draft_gpu_layers,
-                           n_threads=args.draft_threads, vocab_only=mode == "server")
-    except DraftModelError as exc:
-        raise UserError(str(exc)) from exc
+    how = drafting(args)  # "model", "mixed" or "ngram"
+    if how == "ngram" and mode != "hybrid":
+        raise UserError(f"--draft ngram drafts for a service to verify: it cannot run in --mode {mode} "
+                        "(no model to generate offline; --mode server needs no drafter)")
+    if how == "ngram":  # no model at all: a vocabulary to tokenize with
+        draft = load_tokenizer(args.tokenizer, args.pair)
+    else:
+        try:  # server mode runs no draft model: its vocabulary is enough to tokenize
+            draft = DraftModel(resolve_model(args.draft, args.pair, "draft"), gpu_layers=args.draft_gpu_layers,
+                               n_threads=args.draft_threads, vocab_only=mode == "server")
+        except DraftModelError as exc:
+            raise UserError(str(exc)) from exc
 
     def report_link(state: LinkState) -> None:
         print(f"[{state.detail}]", file=sys.stderr, flush=True)
@@ -69,16 +81,19 @@ def run_generate(args: argparse.Namespace) -> int:
             link = ServiceLink(args.server, draft.hello(params, seed=args.seed, client="specwire generate"),
                                token=read_token_file(args.token_file), ca_file=args.ca_file, on_state=report_link)
         except (ServiceUnreachable, VerifyError) as exc:
-            raise UserError(f"{exc} (or run with --offline)") from exc
+            raise UserError(f"{exc}" + ("" if how == "ngram" else " (or run with --offline)")) from exc
 
     prompt = draft.tokenize(args.prompt)
     if mode == "server":
         generator = ServerOnlyGenerator(link, draft.end_ids)
     else:
-        generator = Speculator(draft, link, params, k=args.k, seed=args.seed, pipeline=args.pipeline)
+        # a service lost with no model (--draft ngram) ends the run with an error, at once
+        generator = Speculator(draft, link, params, k=args.k, seed=args.seed, pipeline=args.pipeline,
+                               drafting=how, end_ids=draft.end_ids)
     memory = None
     if mode == "hybrid":  # adaptive k starts from what it learned last time with this service and pair
-        memory = ControllerMemory(args.server, draft.path.name, link.welcome.target)
+        drafter = "ngram" if how == "ngram" else draft.path.name
+        memory = ControllerMemory(args.server, drafter, link.welcome.target)
         memory.load_into(generator.controller)
     provenance_runs: list[list] = []  # [provenance, count] runs: which tokens were verified
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -108,7 +123,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "text": text, "token_ids": result.token_ids, "prompt_tokens": len(prompt),
-            "stop_reason": result.stop_reason, "mode": mode,
+            "stop_reason": result.stop_reason, "mode": mode, "drafting": how if mode == "hybrid" else None,
             "k": "auto" if args.k is None else args.k, "provenance": provenance_runs, "stats": stats.as_dict(),
         }))
     else:
@@ -117,6 +132,10 @@ def run_generate(args: argparse.Namespace) -> int:
               f"{stats.rounds} rounds, {stats.verified_rounds} target passes, acceptance {stats.acceptance_rate:.2f}, "
               f"{stats.tokens_per_round:.2f} tokens/round, {stats.tokens_per_s:.1f} tokens/s"
               + (f", {stats.offline} unverified (offline)" if stats.offline else "") + "]", file=sys.stderr)
+        if stats.by_source:
+            print("[by drafter: " + ", ".join(f"{source} {c.accepted}/{c.drafted} accepted in {c.rounds} rounds"
+                                               for source, c in sorted(stats.by_source.items())) + "]",
+                  file=sys.stderr)
         print(f"[time: draft {stats.draft_s:.2f} s (+{stats.ahead_s:.2f} s drafted ahead), wire {stats.wire_s:.2f} s, "
               f"service {stats.service_s:.2f} s (queue {stats.queue_s:.2f}, forward {stats.forward_s:.2f})]",
               file=sys.stderr)

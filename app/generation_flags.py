@@ -40,6 +40,24 @@ def add_k_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) ->
                              "(chosen each round from measured acceptance and costs; default)")
 
 
+NGRAM = "ngram"  # --draft ngram: draft by copying the context, no model
+MIX_BY_DEFAULT = False  # mixing n-gram drafts into the model's is a flag until measured not to lose
+
+
+def add_mix_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    parser.add_argument("--mix-ngram", dest="mix_ngram", action=argparse.BooleanOptionalAction,
+                        default=MIX_BY_DEFAULT,
+                        help="each round, draft by copying the context (n-gram) instead of running the draft "
+                             "model when its measured acceptance makes that faster (default: %(default)s)")
+
+
+def drafting(args: argparse.Namespace) -> str:
+    """Who drafts: "ngram" (--draft ngram, no model), "mixed" (--mix-ngram) or "model"."""
+    if getattr(args, "draft", None) == NGRAM:
+        return "ngram"
+    return "mixed" if getattr(args, "mix_ngram", False) else "model"
+
+
 def seed_flag(text: str) -> int:
     """--seed, for argparse: an integer the wire carries (0 .. 2**64 - 1)."""
     try:

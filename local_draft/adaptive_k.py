@@ -37,7 +37,7 @@ EXPLORE_EVERY = 8  # every 8th drafting round tries another k: k + 2, then 0, in
 MAX_FIT_TOKENS = 48  # verify timings of blocks up to this size fit the cost line (not prompts)
 
 
-class _Decayed:
+class Decayed:
     """An exponentially forgetting mean."""
 
     def __init__(self) -> None:
@@ -90,20 +90,31 @@ class RoundTiming:
     fed_tokens: int  # tokens the target ran (history catch-up + draft)
     service_s: float  # the service's own time: queue, forward, acceptance
     wire_s: float  # the round trip minus the service's time
+    source: str = "model"  # who drafted: "model" or "ngram" (whose acceptance is learned elsewhere)
 
 
 class AdaptiveK:
     def __init__(self, max_k: int = 16, pipelined: bool = False):
         self.max_k = max_k
         self.pipelined = pipelined
-        self._accepted = _Decayed()
+        self._accepted = Decayed()
         self._accepted.add(PRIOR_ALPHA, PRIOR_WEIGHT)
-        self._draft_token_s = _Decayed()
-        self._wire_s = _Decayed()
+        self._draft_token_s = Decayed()
+        self._wire_s = Decayed()
         self._verify = _CostLine()
         self._rounds_at_zero = 0
         self._rounds_drafting = 0
         self.last_choice = START_K
+
+    @property
+    def measured(self) -> bool:
+        """Whether drafting and verify costs have been seen (before that, k is START_K)."""
+        return self._draft_token_s.value is not None and self._verify.predict(1) is not None
+
+    @property
+    def verify_measured(self) -> bool:
+        """Whether a verify cost has been seen (enough to size a draft that costs nothing to make)."""
+        return self._verify.predict(1) is not None
 
     @property
     def alpha(self) -> float:
@@ -113,7 +124,7 @@ class AdaptiveK:
         """k for the next round: at most `remaining` - 1 tokens (the service adds one) and `limit`
         (the service's longest draft block)."""
         cap = max(0, min(self.max_k, remaining - 1, self.max_k if limit is None else limit))
-        if self._draft_token_s.value is None or self._verify.predict(1) is None:
+        if not self.measured:
             choice = min(START_K, cap)
         else:
             choice = self.best_k(self.alpha, cap)
@@ -137,10 +148,12 @@ class AdaptiveK:
         rates = [self.expected_rate(k, alpha) for k in range(cap + 1)]
         return max(range(cap + 1), key=lambda k: rates[k])
 
-    def expected_rate(self, k: int, alpha: float) -> float:
-        """Expected tokens per second of a round drafting k tokens."""
+    def expected_rate(self, k: int, alpha: float, draft_token_s: float | None = None) -> float:
+        """Expected tokens per second of a round drafting k tokens (at the draft model's measured
+        cost per token, or `draft_token_s`: 0 for the n-gram drafter)."""
         tokens = sum(alpha ** i for i in range(k + 1))
-        draft = (self._draft_token_s.value or 0.0) * k
+        per_token = self._draft_token_s.value if draft_token_s is None else draft_token_s
+        draft = (per_token or 0.0) * k
         verify = self._verify.predict(k + 1) or 0.0
         wire = self._wire_s.value or 0.0
         hidden = 0.0
@@ -174,7 +187,7 @@ class AdaptiveK:
         self.last_choice = max(0, min(last_choice, self.max_k))
 
     def observe(self, timing: RoundTiming) -> None:
-        if timing.k > 0:
+        if timing.k > 0 and timing.source == "model":  # the n-gram drafter's: local_draft/draft_source.py
             # tested positions: every accepted one, plus the first rejected one if any
             tested = timing.accepted + (1 if timing.accepted < timing.k else 0)
             self._accepted.add(timing.accepted / tested, tested)

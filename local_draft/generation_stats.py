@@ -13,6 +13,23 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class SourceCounts:
+    """One drafter's rounds: how many drafted, the tokens drafted and how many the target accepted."""
+
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    def as_dict(self) -> dict:
+        return {"rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
+                "acceptance_rate": round(self.acceptance_rate, 4)}
+
+
+@dataclass
 class GenerationStats:
     rounds: int = 0  # verified rounds plus offline steps
     drafted: int = 0
@@ -37,6 +54,8 @@ class GenerationStats:
     first_token_s: float | None = None  # time to the first committed token
     last_k: int = 0  # draft length of the latest round
     last_round_trip_s: float = 0.0  # the latest round's round trip minus the service's time
+    last_source: str = ""  # who drafted the latest round that drafted: "model" or "ngram"
+    by_source: dict[str, SourceCounts] = field(default_factory=dict)  # drafting rounds by drafter
     started_at: float = field(default_factory=time.perf_counter)
 
     @property
@@ -75,6 +94,15 @@ class GenerationStats:
             for i in range(n):
                 counts[i] += 1
 
+    def record_source(self, source: str, drafted: int, accepted: int) -> None:
+        """Count a round that drafted under its drafter (\"model\" or \"ngram\")."""
+        if drafted:
+            counts = self.by_source.setdefault(source, SourceCounts())
+            counts.rounds += 1
+            counts.drafted += drafted
+            counts.accepted += accepted
+            self.last_source = source
+
     def as_dict(self) -> dict:
         seconds = {name: round(getattr(self, name), 4) for name in (
             "draft_s", "verify_s", "service_s", "queue_s", "forward_s", "wire_s", "ahead_s", "wall_s")}
@@ -90,6 +118,7 @@ class GenerationStats:
             "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
             "offline": self.offline, "syncs": self.syncs, "round_trips": self.round_trips,
             "ahead_drafted": self.ahead_drafted, "ahead_used": self.ahead_used,
+            "by_source": {source: counts.as_dict() for source, counts in sorted(self.by_source.items())},
         }
 
 

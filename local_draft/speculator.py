@@ -20,6 +20,13 @@ When the service is lost mid-reply the loop goes on offline, one draft token a r
 while the ServiceLink reconnects; the first round on a new connection rebuilds the
 service's copy from the client's history, and verification resumes.
 
+What drafts a round is the `drafting` setting (local_draft/draft_source.py): the draft
+model ("model"), the n-gram copy of the context with no model at all ("ngram"), or per
+round whichever the measured acceptance favours ("mixed"). An n-gram draft is sent with a
+point-mass q under sampling, so the acceptance rule stays exact whoever drafted. Without a
+model there is no offline fallback: a lost service is waited for (`resume_within_s`), then
+is an error.
+
 The drafter samples from its own stream of the seed (wire/randomness.py), never from the
 numbers the service decides with; the service's are keyed by the Hello's seed, or by the
 seed of the latest `reseed`, which the loop sends (in a Sync) to every new connection.
@@ -29,11 +36,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from local_draft.adaptive_k import AdaptiveK, RoundTiming
 from local_draft.draft_model import DraftModel, DraftModelError
+from local_draft.draft_source import RoundPlan, SourceChoice
 from local_draft.generation_stats import Generation, GenerationStats
+from local_draft.ngram_draft import point_mass
 from local_draft.service_link import ServiceLink
 from local_draft.verify_client import ServiceUnreachable, VerifyClient, VerifyError
 from wire.protocol import SamplingParams, SparseDist, Sync, Verdict, Verify
@@ -70,10 +79,20 @@ class DraftedAhead:
 
 
 class Speculator:
-    def __init__(self, draft: DraftModel, link: ServiceLink | VerifyClient | None,
+    def __init__(self, draft: DraftModel | None, link: ServiceLink | VerifyClient | None,
                  params: SamplingParams, k: int | None = 4, seed: int | None = None,
-                 pipeline: bool = False, max_k: int = 16):
-        self.draft = draft
+                 pipeline: bool = False, max_k: int = 16, drafting: str = "model",
+                 end_ids: Iterable[int] | None = None, resume_within_s: float = 0.0):
+        # "ngram" runs no model: `draft` may be None, and `end_ids` then says where text ends
+        self.choice = SourceChoice(drafting) if drafting != "model" else None
+        self.drafting = drafting
+        self.draft = draft if drafting != "ngram" else None
+        if self.draft is None and drafting != "ngram":
+            raise ValueError(f"drafting {drafting!r} needs a draft model")
+        if end_ids is None and draft is None:
+            raise ValueError("without a draft model, end_ids must say which tokens end a generation")
+        self.end_ids = frozenset(end_ids) if end_ids is not None else draft.end_ids
+        self.resume_within_s = resume_within_s  # with no model: how long a lost service is waited for
         self.link = FixedLink(link) if isinstance(link, VerifyClient) else link  # None: offline
         self.params = params
         self.k = k  # the setting (set_k): draft tokens per round; None: chosen each round (adaptive)
@@ -110,6 +129,19 @@ class Speculator:
             return self.controller.choose(remaining, limit)
         return max(0, min(self.k, limit, remaining - 1))  # the service adds one token of its own
 
+    def _plan(self, history: list[int], remaining: int, first: bool) -> RoundPlan:
+        """Who drafts this round, and how many tokens."""
+        # Adaptive k's first round verifies the prompt alone: drafting first would make the
+        # user wait for the drafter's prefill and block before the first token.
+        prompt_round = first and self.k is None
+        model_k = 0 if prompt_round or self.draft is None else self._round_k(remaining)
+        if self.choice is None:
+            return RoundPlan("model", model_k)
+        # The n-gram drafter has no prefill to hide: it may draft in the first round too.
+        longest = self.controller.max_k if self.k is None else self.k
+        cap = max(0, min(longest, self._client.welcome.max_draft, remaining - 1))
+        return self.choice.plan(history, self.controller, self.k, model_k, cap)
+
     def reseed(self, seed: int) -> None:
         """Start both random streams afresh from `seed`, as a new Speculator and session would:
         for many independent seeded generations on one connection."""
@@ -141,7 +173,9 @@ class Speculator:
                     raise
                 stop_reason = "context"  # the service's context limit is below the drafter's
                 break
-            ends = [i for i, token in enumerate(committed) if token in self.draft.end_ids]
+            if not committed:  # no model, no service yet: the round waited for it to come back
+                continue
+            ends = [i for i, token in enumerate(committed) if token in self.end_ids]
             if ends:  # EOS, or another end-of-generation token (Qwen: <|endoftext|> beside <|im_end|>)
                 committed, provenance = committed[: ends[0] + 1], provenance[: ends[0] + 1]
                 stop_reason = "eos"
@@ -161,20 +195,21 @@ class Speculator:
         """One verified round (or an offline step); returns the committed tokens and their provenance."""
         if not self._use_current_client():
             self._ahead = None
-            return self._offline_round(history, stats)
-        # Adaptive k's first round verifies the prompt alone: drafting first would make the
-        # user wait for the drafter's prefill and block before the first token.
-        prompt_round = first and self.k is None
-        k = 0 if prompt_round else self._round_k(remaining)
+            return self._without_service(history, stats)
+        plan = self._plan(history, remaining, first)
+        k = plan.k
+        prompt_round = first and self.k is None and self.draft is not None and plan.source == "model"
         t0 = time.perf_counter()
-        draft, dists, drafted_now = self._draft_block(history, k, stats)
+        draft, dists, drafted_now = self._draft_block(history, plan, stats)
         draft_s = time.perf_counter() - t0
         stats.draft_s += draft_s
         try:
-            request = self._request(history, draft, dists)
+            request = self._request(history, draft, dists, plan.source)
             sent = time.perf_counter()
             self._client.send_verify(request)
             ahead_room = min(k, remaining - len(draft) - 2)  # the next round's block, if all goes well
+            if plan.source == "ngram":  # a block ahead is the model's: of the length it drafts
+                ahead_room = min(ahead_room, self.controller.last_choice)
             if prompt_round and self.pipeline:  # the block after the first token, drafted while it comes
                 ahead_room = min(self.controller.last_choice, self.controller.max_k, self._client.welcome.max_draft,
                                  remaining - 2)
@@ -182,36 +217,46 @@ class Speculator:
                     self._draft_ahead(history, ahead_room, stats)
                 else:
                     self._keep_drafter_up(history)
-            elif self.pipeline and ahead_room > 0 and draft and draft[-1] not in self.draft.end_ids:
+            elif self.draft is None:
+                pass  # nothing runs here while the verdict is in flight
+            elif self.pipeline and ahead_room > 0 and draft and draft[-1] not in self.end_ids:
                 self._draft_ahead(history + draft, ahead_room, stats)
             elif not draft and self.k is None:
                 self._keep_drafter_up(history)
-            verdict = self._receive_verdict(history, draft, dists)
+            verdict = self._receive_verdict(history, request)
             round_trip = time.perf_counter() - sent
         except ServiceUnreachable as exc:
             self._forget_client()
             self.link.lost(str(exc))  # a FixedLink raises here: no link, no fallback
             # The drafts were sampled for the wire (truncated): draw afresh, as offline does.
-            return self._offline_round(history, stats)
+            return self._without_service(history, stats)
         committed = draft[: verdict.accepted] + [verdict.token]
         self._service_history = history + committed
         self._keep_ahead_if_right(history + committed)
+        if self.choice is not None:
+            self.choice.score(committed)  # the n-gram drafter's acceptance, whoever drafted
         self._account(stats, verdict, round_trip, k=len(draft), draft_s=draft_s,
-                      drafted_now=drafted_now, fed=len(request.append) + len(draft) + 1)
+                      drafted_now=drafted_now, fed=len(request.append) + len(draft) + 1, source=plan.source)
         return committed, ["draft"] * verdict.accepted + ["target"]
 
     # ---- drafting ---------------------------------------------------------------------
 
-    def _draft_block(self, history: list[int], k: int,
+    def _draft_block(self, history: list[int], plan: RoundPlan,
                      stats: GenerationStats) -> tuple[list[int], list[SparseDist], int]:
-        """k draft tokens after history, starting from a block drafted ahead when it fits.
+        """The plan's k draft tokens after history: the n-gram's, or the model's, starting from a
+        block drafted ahead when it fits.
 
         Returns the tokens, their distributions and how many were drafted just now (0 when
         the time also went into a new prompt: the controller learns drafting costs from it).
         """
         ahead, self._ahead = self._ahead, None
+        k = plan.k
         if k == 0:
             return [], [], 0
+        if plan.source == "ngram":  # a point mass on each copied token: what it was drawn from
+            tokens = plan.proposal.tokens[:k]
+            dists = [] if self.params.greedy else [point_mass(token) for token in tokens]
+            return self._cut_at_end(tokens, dists) + (0,)
         tokens, dists = [], []
         if ahead is not None and ahead.context == history:
             tokens, dists = ahead.tokens[:k], ahead.dists[:k]
@@ -224,10 +269,13 @@ class Speculator:
             drafted_now = 0  # a new prompt's prefill was in that time: not a drafting cost
         else:
             drafted_now = len(more)
-        ends = [i for i, token in enumerate(tokens) if token in self.draft.end_ids]
+        return self._cut_at_end(tokens, dists) + (drafted_now,)
+
+    def _cut_at_end(self, tokens: list[int], dists: list[SparseDist]) -> tuple[list[int], list[SparseDist]]:
+        ends = [i for i, token in enumerate(tokens) if token in self.end_ids]
         if ends:  # nothing after an end of text is worth verifying
             tokens, dists = tokens[: ends[0] + 1], dists[: ends[0] + 1]
-        return tokens, dists, drafted_now
+        return tokens, dists
 
     def _draft_ahead(self, context: list[int], k: int, stats: GenerationStats) -> None:
         """While the verdict is in flight: guess the bonus token and draft the block after it."""
@@ -260,6 +308,21 @@ class Speculator:
         if self._ahead is not None and self._ahead.context != committed_history:
             self._ahead = None
 
+    def _without_service(self, history: list[int], stats: GenerationStats) -> tuple[list[int], list[str]]:
+        """No service now: an offline round with the model; without one, wait for the link to
+        reconnect (up to resume_within_s, then ServiceUnreachable) and commit nothing."""
+        if self.draft is not None:
+            return self._offline_round(history, stats)
+        deadline = time.monotonic() + self.resume_within_s
+        while self.link is None or self.link.current() is None:
+            if self.link is None or time.monotonic() >= deadline:
+                raise ServiceUnreachable(
+                    "the verification service is unreachable, and n-gram drafting (--draft ngram) has no "
+                    "local model to continue offline" + (f" (waited {self.resume_within_s:g} s for it to come back)"
+                                                          if self.resume_within_s else ""))
+            time.sleep(0.05)
+        return [], []
+
     def _offline_round(self, history: list[int], stats: GenerationStats) -> tuple[list[int], list[str]]:
         """The draft model alone, one token from its full distribution: unverified."""
         t0 = time.perf_counter()
@@ -271,7 +334,7 @@ class Speculator:
 
     # ---- the wire ---------------------------------------------------------------------
 
-    def _request(self, history: list[int], draft: list[int], dists: list[SparseDist]) -> Verify:
+    def _request(self, history: list[int], draft: list[int], dists: list[SparseDist], source: str) -> Verify:
         """The Verify for this round, after a Sync if the service's copy may differ from ours."""
         known = self._service_history
         if known != history[: len(known)] or (self._seed is not None and self._keyed is not self._client):
@@ -279,9 +342,9 @@ class Speculator:
             known = self._service_history
         self._seq += 1
         return Verify(seq=self._seq, committed_len=len(known), append=history[len(known):],
-                      draft=draft, draft_dists=dists)
+                      draft=draft, draft_dists=dists, draft_source=source if draft else "")
 
-    def _receive_verdict(self, history: list[int], draft: list[int], dists: list[SparseDist]) -> Verdict:
+    def _receive_verdict(self, history: list[int], request: Verify) -> Verdict:
         try:
             return self._client.receive_verdict()
         except VerifyError as exc:
@@ -290,8 +353,8 @@ class Speculator:
         self._sync(history)  # the service lost track of us: rebuild its copy, retry once
         self._seq += 1
         self.stats.round_trips += 1
-        return self._client.verify(Verify(seq=self._seq, committed_len=len(history), draft=draft,
-                                         draft_dists=dists))
+        return self._client.verify(Verify(seq=self._seq, committed_len=len(history), draft=request.draft,
+                                         draft_dists=request.draft_dists, draft_source=request.draft_source))
 
     def _sync(self, history: list[int]) -> None:
         self._seq += 1
@@ -302,7 +365,7 @@ class Speculator:
         self.stats.round_trips += 1
 
     def _account(self, stats: GenerationStats, verdict: Verdict, round_trip: float, k: int,
-                 draft_s: float, drafted_now: int, fed: int) -> None:
+                 draft_s: float, drafted_now: int, fed: int, source: str) -> None:
         queue_s = getattr(verdict, "queue_s", 0.0)
         service_s = queue_s + verdict.forward_s + verdict.accept_s
         stats.verify_s += round_trip
@@ -312,10 +375,11 @@ class Speculator:
         stats.last_k = k
         stats.last_round_trip_s = max(0.0, round_trip - service_s)
         stats.record_round(k, verdict.accepted, verdict.accepted + 1)
+        stats.record_source(source, k, verdict.accepted)
         stats.round_trips += 1
         self.controller.observe(RoundTiming(
             k=k, accepted=verdict.accepted, draft_s=draft_s, draft_tokens=drafted_now, fed_tokens=fed,
-            service_s=service_s, wire_s=stats.last_round_trip_s))
+            service_s=service_s, wire_s=stats.last_round_trip_s, source=source))
 
     # ---- the connection ---------------------------------------------------------------
 

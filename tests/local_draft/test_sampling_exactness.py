@@ -82,8 +82,8 @@ CASES = [
 class Tally:
     """Counts of the first n_tokens of each generation against the target's exact joint distribution."""
 
-    def __init__(self, service, draft, params: SamplingParams, n_tokens: int):
-        self.prompt = draft.tokenize(PROMPT_TEXT)
+    def __init__(self, service, draft, params: SamplingParams, n_tokens: int, prompt: list[int] | None = None):
+        self.prompt = draft.tokenize(PROMPT_TEXT) if prompt is None else prompt
         joint = _exact_first(service.backend, self.prompt, params, n_tokens)
         self.cells = {tokens: i for i, tokens in enumerate(joint)}  # one more cell: outside the support
         self.exact = np.append(np.array(list(joint.values())), 0.0)
