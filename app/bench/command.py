@@ -10,7 +10,9 @@ from pathlib import Path
 
 from app.bench.modes import MODES, MODES_BY_NAME
 from app.bench.prompts import PROMPTS
-from app.bench.report import PINNED, SHARED, render_checks, render_tables, summarize, write_json, write_plot
+from app.bench.report import (
+    PINNED, SHARED, render_checks, render_ngram_checks, render_sources, render_tables, summarize, write_json, write_plot,
+)
 from app.bench.runner import BenchConfig, count_runs, run_bench
 from app.generation_flags import add_sampling_arguments, sampling_params
 from app.model_paths import resolve_model
@@ -112,6 +114,8 @@ def run(config: BenchConfig, out_dir: Path) -> dict:
     print(render_tables(cells, config.rtts_ms, config.kinds))
     for layout in (SHARED, PINNED) if config.colocated else ("",):
         print(render_checks(cells, config.rtts_ms, config.kinds, layout))
+        print(render_ngram_checks(cells, config.rtts_ms, config.kinds, layout))
+    print(render_sources(cells))
     for note in notes:
         print(f"note: {note}")
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ class Mode:
     kind: str  # "server" (the target streams alone), "hybrid", "offline" or "reference"
     k: int | None = None  # hybrid: draft tokens per round; None: adaptive
     pipeline: bool = False  # hybrid: draft the next block while a verdict is in flight
+    drafting: str = "model"  # hybrid: "model", "ngram" (no model) or "mixed" (local_draft/draft_source.py)
 
     @property
     def uses_network(self) -> bool:
@@ -27,6 +28,10 @@ MODES = [
     Mode("auto", "hybrid, k chosen each round", "hybrid", k=None),
     Mode("auto+ahead", "hybrid, k chosen each round, next block drafted during the round trip", "hybrid",
          k=None, pipeline=True),
+    Mode("ngram", "hybrid, drafts copied from the context (n-gram), no draft model; k chosen each round",
+         "hybrid", k=None, drafting="ngram"),
+    Mode("mixed", "auto+ahead, each round's draft from the n-gram copy or the model, by measured benefit",
+         "hybrid", k=None, pipeline=True, drafting="mixed"),
     Mode("offline", "the draft model alone, unverified", "offline"),
     Mode("hf-assisted", "Hugging Face assisted generation, same pair, in torch (outside reference)", "reference"),
 ]
@@ -53,6 +58,7 @@ class Run:
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
+    by_source: dict[str, dict] = field(default_factory=dict)  # drafter -> rounds, drafted, accepted
 
     @classmethod
     def from_stats(cls, mode: str, rtt_ms: float, prompt_kind: str, prompt_index: int, token_ids: list[int],
@@ -64,4 +70,5 @@ class Run:
                    round_trips=stats.round_trips, bytes=stats.bytes_sent + stats.bytes_received,
                    offline_tokens=stats.offline if mode != "offline" else 0,
                    accepted_per_position=list(stats.accepted_per_position),
-                   drafted_per_position=list(stats.drafted_per_position), token_ids=list(token_ids))
+                   drafted_per_position=list(stats.drafted_per_position), token_ids=list(token_ids),
+                   by_source={source: counts.as_dict() for source, counts in getattr(stats, "by_source", {}).items()})

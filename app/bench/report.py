@@ -36,6 +36,7 @@ class Cell:
     bytes_per_token: float
     acceptance_by_position: list[float] = field(default_factory=list)
     same_tokens_as_server: int | None = None  # prompts whose output equals server-only's
+    by_source: dict[str, dict] = field(default_factory=dict)  # drafter -> drafted, accepted, acceptance, share
 
 
 def summarize(runs: list[Run]) -> list[Cell]:
@@ -63,7 +64,7 @@ def summarize(runs: list[Run]) -> list[Cell]:
             round_trips_per_token=sum(r.round_trips for r in group) / tokens,
             bytes_per_token=sum(r.bytes for r in group) / tokens,
             acceptance_by_position=[a / d if d else 0.0 for a, d in zip(accepted, drafted)],
-            same_tokens_as_server=same))
+            same_tokens_as_server=same, by_source=_by_source(group, tokens)))
     return cells
 
 
@@ -90,6 +91,52 @@ def render_tables(cells: list[Cell], rtts_ms: list[float], kinds: list[str]) -> 
                    f"{c.passes_per_token:10.3f} {c.busy_ms_per_token:11.1f} {c.round_trips_per_token:9.3f} "
                    f"{c.bytes_per_token:9.0f} {same:>5s}  {acceptance}")
     return "\n".join(out)
+
+
+def _by_source(runs: list[Run], tokens: int) -> dict[str, dict]:
+    """Per drafter: tokens drafted and accepted, acceptance, and the share of all tokens it gave."""
+    totals: dict[str, list[int]] = {}
+    for run in runs:
+        for source, counts in run.by_source.items():
+            total = totals.setdefault(source, [0, 0, 0])
+            total[0] += counts["rounds"]
+            total[1] += counts["drafted"]
+            total[2] += counts["accepted"]
+    return {source: {"rounds": r, "drafted": d, "accepted": a, "acceptance": round(a / d, 4) if d else 0.0,
+                     "share_of_tokens": round(a / tokens, 4)} for source, (r, d, a) in sorted(totals.items())}
+
+
+def render_sources(cells: list[Cell]) -> str:
+    """Acceptance by drafter, for the cells where more than one kind of draft was made or n-gram drafted."""
+    rows = [c for c in cells if "ngram" in c.by_source]
+    if not rows:
+        return ""
+    out = ["", "acceptance by drafter (accepted/drafted = rate; share: of all tokens, accepted drafts of that drafter)"]
+    for c in rows:
+        parts = [f"{source} {v['accepted']}/{v['drafted']} = {v['acceptance']:.2f} (share {v['share_of_tokens']:.2f})"
+                 for source, v in c.by_source.items()]
+        out.append(f"  {c.mode:17s} {c.prompt_kind:6s} {c.rtt_ms:6g} ms: " + "; ".join(parts))
+    return "\n".join(out)
+
+
+def render_ngram_checks(cells: list[Cell], rtts_ms: list[float], kinds: list[str], layout: str = "") -> str:
+    """The n-gram targets: mixed against the model drafter alone (auto+ahead), ngram against k0."""
+    suffix = f"/{layout}" if layout else ""
+    index = {(c.mode.removesuffix(suffix), c.rtt_ms, c.prompt_kind): c for c in cells if c.mode.endswith(suffix)}
+    out = []
+    for kind in kinds + [ALL]:
+        for rtt in rtts_ms:
+            parts = []
+            for mode, base in (("mixed", "auto+ahead"), ("ngram", "k0"), ("ngram", "auto+ahead")):
+                if (mode, rtt, kind) in index and (base, rtt, kind) in index:
+                    ratio = index[mode, rtt, kind].tokens_per_s / max(index[base, rtt, kind].tokens_per_s, 1e-9)
+                    parts.append(f"{mode} vs {base} {ratio:.2f}x")
+            if parts:
+                out.append(f"  {kind:6s} {rtt:5g} ms: " + ", ".join(parts))
+    if not out:
+        return ""
+    return "\n".join(["", "n-gram drafting against the model drafter and k0, tokens/s in the same cell"
+                      + (f", {layout}:" if layout else ":")] + out)
 
 
 def render_checks(cells: list[Cell], rtts_ms: list[float], kinds: list[str], layout: str = "") -> str:

@@ -61,7 +61,7 @@ def split_cores(service_cpus: int | None) -> tuple[set[int] | None, set[int] | N
 
 
 def bench_prompts(config: BenchConfig) -> list[tuple[str, int, str]]:
-    """(kind, index, text), kinds interleaved: code, chat, prose, code, ... (adaptive k must follow)."""
+    """(kind, index, text), kinds interleaved: code, chat, prose, repeat, code, ... (adaptive k must follow)."""
     chosen = {kind: PROMPTS[kind][: config.prompts_per_kind] for kind in config.kinds}
     longest = max(len(texts) for texts in chosen.values())
     return [(kind, i, chosen[kind][i]) for i in range(longest) for kind in config.kinds if i < len(chosen[kind])]
@@ -148,7 +148,8 @@ def _generator(mode: Mode, url: str | None, draft, params, seed: int):
     link = ServiceLink(url, hello)
     if mode.kind == "server":
         return ServerOnlyGenerator(link, draft.end_ids), link
-    return Speculator(draft, link, params, k=mode.k, seed=seed, pipeline=mode.pipeline), link
+    return Speculator(draft, link, params, k=mode.k, seed=seed, pipeline=mode.pipeline, drafting=mode.drafting,
+                      end_ids=draft.end_ids), link
 
 
 def _rotated(items: list, turn: int) -> list:
