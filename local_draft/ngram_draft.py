@@ -54,9 +54,13 @@ class NGramDrafter:
 
     def sync(self, context: Sequence[int]) -> None:
         """Make the index hold exactly `context`: keep the common prefix, undo the rest, add the new."""
-        common, limit = 0, min(len(self.tokens), len(context))
-        while common < limit and self.tokens[common] == context[common]:
-            common += 1
+        held = len(self.tokens)
+        if len(context) >= held and list(context[:held]) == self.tokens:  # the usual case: one compare in C
+            common = held
+        else:
+            common, limit = 0, min(held, len(context))
+            while common < limit and self.tokens[common] == context[common]:
+                common += 1
         self.rollback(common)
         for token in context[common:]:
             self.append(token)

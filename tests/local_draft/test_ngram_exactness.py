@@ -138,7 +138,8 @@ def test_sampled_ngram_and_mixed_drafts_follow_the_target(llamacpp_service, clos
     service = llamacpp_service
     prompt = repeating_prompt(service.backend, close_draft, "The")
     tally = Tally(service, close_draft, NGRAM_PARAMS, 3, prompt=prompt)
-    assert detectable_shift(tally.exact, NGRAM_SAMPLES) <= NGRAM_POWER
+    power = detectable_shift(tally.exact, NGRAM_SAMPLES)
+    assert power <= NGRAM_POWER, power
     client = VerifyClient(service.url, hello_for(close_draft, NGRAM_PARAMS, seed=1))
     draft = None if drafting == "ngram" else close_draft
     k, pipeline, max_k = (2, False, 16) if drafting == "ngram" else (None, True, 2)
@@ -154,7 +155,7 @@ def test_sampled_ngram_and_mixed_drafts_follow_the_target(llamacpp_service, clos
         model += result.stats.by_source["model"].drafted if "model" in result.stats.by_source else 0
     client.close()
     pvalue = tally.pvalue()
-    print(f"{drafting}: p = {pvalue:.4f}, ngram drafted {ngram}, model drafted {model}, "
+    print(f"{drafting}: p = {pvalue:.4f} (catches a {power:.3f} shift 90% of the time), ngram drafted {ngram}, model drafted {model}, "
           f"acceptance {tally.accepted / max(tally.drafted, 1):.2f}")
     assert pvalue > ALPHA
     assert 0.2 < tally.accepted / tally.drafted < 0.9  # acceptance and the residual were both taken
