@@ -6,7 +6,7 @@ import argparse
 import os
 
 from app.chat.chat_config import FROM_CONFIG
-from app.generation_flags import add_k_argument, add_sampling_arguments
+from app.generation_flags import add_k_argument, add_mix_argument, add_sampling_arguments
 from app.threads_flags import add_draft_threads_argument
 
 LATEST = ""  # `--resume` without an id: the most recent chat
@@ -27,7 +27,11 @@ def chat_command(args: argparse.Namespace) -> int:
 def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
     env = os.environ.get
     models = parser.add_argument_group("models (default: the default pair, verified by an embedded service)")
-    models.add_argument("--draft", help="draft model GGUF file (default: the draft of --pair)")
+    models.add_argument("--draft", help="draft model GGUF file (default: the draft of --pair), or `ngram`: draft "
+                        "by copying the context, with no model (no offline mode)")
+    models.add_argument("--tokenizer", help="with --draft ngram: the GGUF whose vocabulary tokenizes "
+                        "(default: the draft of --pair; only its vocabulary is read)")
+    add_mix_argument(models)
     models.add_argument("--target", help="target of the embedded service: a GGUF file or a Hugging Face folder")
     models.add_argument("--pair", default=env("SPECWIRE_PAIR"), help="model pair (default: the default pair)")
     models.add_argument("--backend", default=env("SPECWIRE_BACKEND", "auto"), choices=["auto", "torch", "llamacpp"],

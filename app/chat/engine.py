@@ -30,10 +30,12 @@ from local_draft.draft_model import DraftModel, DraftModelError
 from local_draft.controller_memory import ControllerMemory
 from local_draft.generation_stats import GenerationStats
 from local_draft.speculator import Speculator
-from local_draft.verify_client import VerifyError
+from local_draft.verify_client import ServiceUnreachable, VerifyError
 from wire.protocol import SamplingParams
 
 log = logging.getLogger(__name__)
+
+NO_MODEL_RESUME_S = 30.0  # with no draft model (--draft ngram), how long a reply waits for a lost service
 
 
 class ChatEngine:
@@ -77,6 +79,10 @@ class ChatEngine:
         return self.connection_to.state
 
     @property
+    def drafting(self) -> str:
+        return self.settings.drafting
+
+    @property
     def mode(self) -> str:
         if self.link is None:
             return "offline"
@@ -112,11 +118,13 @@ class ChatEngine:
                     self.connection_to.launch_embedded()  # the child loads its target while we load the drafter
                 except StartupProblem as exc:
                     problem = exc  # told after the drafter is loaded, so that offline stays possible
-            self.listener.progress(f"loading the draft model {self.settings.draft.name}")
+            no_model = self.drafting == "ngram"  # the GGUF's vocabulary alone, to tokenize
+            self.listener.progress(f"loading the {'tokenizer of' if no_model else 'draft model'} "
+                                   f"{self.settings.draft.name}")
             try:
                 self.draft = DraftModel(self.settings.draft, n_ctx=self.settings.context,
                                         gpu_layers=self.settings.draft_gpu_layers,
-                                        n_threads=self.settings.draft_threads)
+                                        n_threads=self.settings.draft_threads, vocab_only=no_model)
             except DraftModelError as exc:
                 raise StartupProblem("missing_model", str(exc), offline_possible=False, retry_possible=False) from exc
             bos = self.draft.token_text(self.draft.bos_id).decode("utf-8", "replace")
@@ -127,7 +135,9 @@ class ChatEngine:
             self.prompts = PromptTokens(self.draft, self.template)
             self._end_ids = self.draft.end_ids  # a scan of the vocabulary: now, not in the first reply
             self.speculator = Speculator(self.draft, None, self.params, k=self.settings.k, seed=self.settings.seed,
-                                         pipeline=True)  # drafts the next block while a verdict is in flight
+                                         pipeline=True,  # drafts the next block while a verdict is in flight
+                                         drafting=self.drafting, end_ids=self._end_ids,
+                                         resume_within_s=NO_MODEL_RESUME_S)
             if self.settings.system is not None and self.settings.system != self.conversation.system:
                 self._set_system(self.settings.system)
             if problem is not None:
@@ -155,7 +165,8 @@ class ChatEngine:
     def _use_link(self, link) -> None:
         self.speculator.link = link
         if self._memory is None:  # the first connection: adaptive k starts from the last chat's state
-            self._memory = ControllerMemory(link.url, self.draft.path.name, link.welcome.target)
+            drafter = "ngram" if self.drafting == "ngram" else self.draft.path.name
+            self._memory = ControllerMemory(link.url, drafter, link.welcome.target)
             self._memory.load_into(self.speculator.controller)
         max_draft = self.speculator.max_draft
         if self.k is not None and max_draft is not None and self.k > max_draft:
@@ -165,6 +176,8 @@ class ChatEngine:
     # ---- changing settings between replies ------------------------------------------
 
     def go_offline(self) -> None:
+        if self.drafting == "ngram":
+            raise ValueError("n-gram drafting (--draft ngram) has no local model: there is no offline mode")
         with self._lock:
             if self.busy:
                 raise BusyError("a reply is in progress")
@@ -297,6 +310,8 @@ class ChatEngine:
             stats = result.stats.as_dict()
             if self._memory is not None:  # the next chat starts where this reply left adaptive k
                 self._memory.save(self.speculator.controller)
+        except ServiceUnreachable as exc:  # only without a model: with one, the reply goes on offline
+            self.note(turn, f"{exc}: the reply stops here (/retry once the service is back)")
         except VerifyError as exc:
             self.note(turn, f"the service refused a round ({exc}): the reply stops here")
             if exc.fatal and self.link is not None:

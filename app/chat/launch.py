@@ -17,7 +17,7 @@ from pathlib import Path
 from app.chat.chat_config import FROM_CONFIG, chat_defaults
 from app.chat.settings import ChatSettings
 from app.chat.store import ChatInUse, ChatNotFound, ChatStore
-from app.generation_flags import sampling_params
+from app.generation_flags import drafting, sampling_params
 from app.model_paths import resolve_model
 from app.token_file import read_token_file
 from app.user_error import UserError
@@ -77,16 +77,24 @@ def settings_from(args: argparse.Namespace, store: ChatStore) -> ChatSettings:
     problems += [f"--context must be 64 or more, got {args.context}"] if args.context < 64 else []
     if problems:
         raise UserError("; ".join(problems))
-    draft = Path(resolve_model(args.draft, args.pair, "draft"))  # names the fetch command when it is missing
-    if not draft.is_file():  # a --draft path: said now, before the target loads for nothing
-        raise UserError(f"there is no draft model at {draft} (--draft)")
+    how = drafting(args)
+    if how == "ngram":  # no model: a vocabulary to tokenize with, the pair's unless --tokenizer names one
+        if args.offline:
+            raise UserError("--draft ngram has no local model to generate with: it cannot start --offline")
+        draft = Path(resolve_model(args.tokenizer, args.pair, "draft"))
+        if not draft.is_file():
+            raise UserError(f"there is no tokenizer GGUF at {draft} (--tokenizer)")
+    else:
+        draft = Path(resolve_model(args.draft, args.pair, "draft"))  # names the fetch command when it is missing
+        if not draft.is_file():  # a --draft path: said now, before the target loads for nothing
+            raise UserError(f"there is no draft model at {draft} (--draft)")
     target, target_problem = embedded_target(args)
     try:
         resume = store.path_of(args.resume or None) if args.resume is not None else None
     except (ChatNotFound, ChatInUse) as exc:
         raise UserError(str(exc)) from exc
     return ChatSettings(
-        draft=draft, target=target, target_problem=target_problem, pair=args.pair, backend=args.backend, server=args.server,
+        draft=draft, drafting=how, target=target, target_problem=target_problem, pair=args.pair, backend=args.backend, server=args.server,
         token=read_token_file(args.token_file), ca_file=args.ca_file, offline=args.offline, k=args.k,
         params=params, seed=args.seed, system=args.system, max_tokens=args.max_tokens, context=args.context,
         draft_gpu_layers=args.draft_gpu_layers, draft_threads=args.draft_threads, resume=resume, chats_dir=store.root,

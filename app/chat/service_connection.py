@@ -74,8 +74,8 @@ class ServiceConnection:
         try:
             link = ServiceLink(self.url, hello, token=self.settings.token, ca_file=self.settings.ca_file,
                                on_state=self._on_link_state)
-        except ServiceUnreachable as exc:
-            raise StartupProblem("unreachable", str(exc)) from exc
+        except ServiceUnreachable as exc:  # with no draft model (--draft ngram) there is no offline to offer
+            raise StartupProblem("unreachable", str(exc), offline_possible=self.settings.drafting != "ngram") from exc
         except VerifyError as exc:
             what = "refused the token" if exc.code == "http_401" else "refused this chat"
             raise StartupProblem("refused", f"the verification service {what}: {exc}", retry_possible=False) from exc
@@ -108,6 +108,9 @@ class ServiceConnection:
         if state.retry_in_s is None:  # a change worth a note; retry countdowns only update the status
             if state.connected:
                 text = f"{state.detail}: rounds are verified again"
+            elif state.detail.startswith("lost the service") and self.settings.drafting == "ngram":
+                text = ("lost the verification service: with no draft model (--draft ngram) a reply waits "
+                        "for it to come back, and stops if it does not")
             elif state.detail.startswith("lost the service"):  # its reason is in the log
                 text = "lost the verification service: continuing offline, unverified tokens are marked"
             else:

@@ -11,7 +11,9 @@ from wire.threads import DRAFT_THREADS
 
 @dataclass(frozen=True)
 class ChatSettings:
-    draft: Path  # the draft model GGUF (resolved before the app starts: without it nothing runs)
+    draft: Path  # the draft model GGUF (resolved before the app starts: without it nothing runs);
+    # with drafting "ngram", the GGUF whose vocabulary tokenizes (no model runs here)
+    drafting: str = "model"  # "model", "mixed" (n-gram drafts where they pay) or "ngram" (no model)
     target: str | None = None  # the embedded service's target file, resolved at launch; None: see target_problem
     target_problem: str | None = None  # why there is no target (shown when the service would start)
     pair: str | None = None

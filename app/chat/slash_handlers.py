@@ -52,6 +52,8 @@ class SlashHandlers:
     async def offline(self, argument: str) -> None:
         if self.engine.link is None:
             raise ValueError("already offline: /online verifies again")
+        if self.engine.drafting == "ngram":
+            raise ValueError("n-gram drafting (--draft ngram) has no local model: there is no offline mode")
         self.screen.run_slow(self.engine.go_offline, "going offline", "offline: the draft model alone, tokens unverified")
 
     async def online(self, argument: str) -> None:

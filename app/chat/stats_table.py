@@ -10,6 +10,9 @@ from app.chat.conversation import Conversation
 def stats_table(conversation: Conversation, steady: bool = False) -> Table:
     table = Table(title="per turn", title_justify="left", box=None, padding=(0, 1), header_style="bold")
     columns = ["turn", "mode", "k", "tokens", "draft", "target", "offline", "rounds", "accept", "tok/round"]
+    by_source = any("ngram" in (turn.reply.stats.get("by_source") or {}) for turn in conversation.turns)
+    if by_source:  # n-gram drafting was on: acceptance by drafter, accepted/drafted
+        columns += ["n-gram", "model"]
     if not steady:
         columns += ["tok/s", "1st token s", "verify s", "wire s"]
     for name in columns:
@@ -23,6 +26,10 @@ def stats_table(conversation: Conversation, steady: bool = False) -> Table:
                str(counts["draft"]), str(counts["target"]), str(counts["offline"]), str(rounds),
                f"{accepted / drafted:.0%}" if drafted else "-",
                f"{len(reply.provenance) / rounds:.2f}" if rounds else "-"]
+        if by_source:
+            sources = stats.get("by_source") or {}
+            row += [f"{sources[name]['accepted']}/{sources[name]['drafted']}" if name in sources else "-"
+                    for name in ("ngram", "model")]
         if not steady:
             first = stats.get("first_token_s")
             row += [f"{stats['tokens_per_s']:.1f}" if stats.get("tokens_per_s") else "-",
@@ -38,7 +45,19 @@ def stats_table(conversation: Conversation, steady: bool = False) -> Table:
            str(totals["offline"]), str(totals["rounds"]),
            f"{totals['accepted'] / totals['drafted']:.0%}" if totals["drafted"] else "-",
            f"{totals['in_rounds'] / totals['rounds']:.2f}" if totals["rounds"] else "-"]
+    if by_source:
+        row += [_source_total(conversation, name) for name in ("ngram", "model")]
     if not steady:
         row += ["", "", "", ""]
     table.add_row(*row, style="bold")
     return table
+
+
+def _source_total(conversation: Conversation, source: str) -> str:
+    """accepted/drafted of one drafter over every turn."""
+    accepted = drafted = 0
+    for turn in conversation.turns:
+        counts = (turn.reply.stats.get("by_source") or {}).get(source)
+        if counts:
+            accepted, drafted = accepted + counts["accepted"], drafted + counts["drafted"]
+    return f"{accepted}/{drafted}" if drafted else "-"

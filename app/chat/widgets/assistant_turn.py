@@ -28,6 +28,9 @@ STOP_REASONS = {
 }
 
 
+SOURCE_NAMES = {"ngram": "n-gram", "model": "model"}
+
+
 def reply_summary(reply: Reply, stats: dict | None, steady: bool) -> str:
     """One line under a reply: its tokens by provenance, acceptance, tokens per round, speed."""
     counts = reply.counts()
@@ -37,6 +40,10 @@ def reply_summary(reply: Reply, stats: dict | None, steady: bool) -> str:
     if stats.get("rounds"):
         if stats.get("drafted"):
             parts.append(f"acceptance {stats['acceptance_rate']:.0%}")
+        sources = stats.get("by_source") or {}
+        if "ngram" in sources:  # n-gram drafting was on: each drafter's accepted/drafted tokens
+            parts.append(", ".join(f"{SOURCE_NAMES.get(name, name)} {c['accepted']}/{c['drafted']}"
+                                   for name, c in sorted(sources.items())))
         parts.append(f"{stats['tokens_per_round']:.2f} tokens/round")
         if not steady and stats.get("tokens_per_s"):
             parts.append(f"{stats['tokens_per_s']:.1f} tokens/s")
