@@ -30,7 +30,7 @@ def test_bench_compares_every_mode_at_every_round_trip(tiny, tmp_path):
 
     report = json.loads((out / "bench.json").read_text())
     runs = report["runs"]
-    assert len(runs) == 3 * (4 * 2 + 1) + 3  # 4 networked modes x 2 round trips, offline once, the reference
+    assert len(runs) == 4 * (4 * 2 + 1) + 4  # 4 kinds x (4 networked modes x 2 round trips, offline once), the reference
     cells = {(c["mode"], c["rtt_ms"], c["prompt_kind"]): c for c in report["summary"]}
     for rtt in (0.0, 30.0):
         server, alone, hybrid = (cells[mode, rtt, "all"] for mode in ("server", "k0", "k4"))
@@ -38,12 +38,29 @@ def test_bench_compares_every_mode_at_every_round_trip(tiny, tmp_path):
         assert hybrid["passes_per_token"] < 1.0 and hybrid["acceptance_by_position"]
         assert alone["round_trips_per_token"] >= 1.0 > server["round_trips_per_token"]
         for mode in ("k0", "k4", "auto+ahead"):  # greedy: the target's tokens, whatever the mode
-            assert cells[mode, rtt, "all"]["same_tokens_as_server"] == 3, mode
+            assert cells[mode, rtt, "all"]["same_tokens_as_server"] == 4, mode
     assert cells["offline", 0.0, "all"]["passes_per_token"] == 0.0
     assert cells["hf-assisted", 0.0, "all"]["passes_per_token"] > 0.0
     slow = [r for r in runs if r["mode"] == "k0" and r["rtt_ms"] == 30.0]
     assert all(r["wall_s"] >= r["round_trips"] * 0.030 for r in slow)  # the emulated round trips were paid
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ngram_and_mixed_modes_report_acceptance_by_drafter(tiny, tmp_path):
+    """Modes ngram and mixed on the repeating kind: the target's tokens, acceptance by drafter, the ratios."""
+    out = tmp_path / "bench"
+    done = subprocess.run(
+        [SPECWIRE, "bench", "--draft", str(tiny.draft), "--target", str(tiny.target_gguf), "--backend", "llamacpp",
+         "--rtt-ms", "0", "--modes", "server,k0,auto+ahead,ngram,mixed", "--kinds", "repeat",
+         "--prompts-per-kind", "2", "--max-tokens", "24", "--out", str(out)],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "mixed vs auto+ahead" in done.stdout and "ngram vs k0" in done.stdout
+    cells = {(c["mode"], c["prompt_kind"]): c for c in json.loads((out / "bench.json").read_text())["summary"]}
+    for mode in ("ngram", "mixed"):
+        assert cells[mode, "repeat"]["same_tokens_as_server"] == 2, mode
+    assert set(cells["ngram", "repeat"]["by_source"]) <= {"ngram"}
+    assert "model" in cells["mixed", "repeat"]["by_source"]
 
 
 def test_bench_refuses_bad_choices_clearly(tiny):
