@@ -38,6 +38,12 @@ PRIOR_ALPHA_BY_N = {1: 0.1, 2: 0.2, 3: 0.35, 4: 0.5, 5: 0.6}
 PRIOR_ALPHA_LONG = 0.7
 PRIOR_WEIGHT = 2.0
 SHADOW_K = 16  # tokens of the n-gram proposal scored each round (at most what a round commits)
+# A verify cost seen at one block size only (all rounds at k = 0) is taken to grow in
+# proportion to the block, and then no draft pays at a short round trip, so the real slope
+# would never be seen: a match that is usually right drafts PROBE_K tokens now and then.
+PROBE_ALPHA = 0.8
+PROBE_EVERY = 8  # rounds in which such a match went unused
+PROBE_K = 4
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,7 @@ class SourceChoice:
         for n, decayed in enumerate(self._alpha[1:], start=1):
             decayed.add(PRIOR_ALPHA_BY_N.get(n, PRIOR_ALPHA_LONG), PRIOR_WEIGHT)
         self._shadow: NGramProposal | None = None  # this round's n-gram proposal, to score
+        self._unused_good_matches = 0
 
     def alpha(self, n: int) -> float:
         """Measured acceptance of an n-gram draft token after a match of length n."""
@@ -80,7 +87,7 @@ class SourceChoice:
         self._shadow = proposal
         n = proposal.match_len
         if self.drafting == "ngram":
-            k = min(cap, fixed_k) if fixed_k is not None else self._best_ngram(controller, n, cap)[0]
+            k = min(cap, fixed_k) if fixed_k is not None else self._probed(self._best_ngram(controller, n, cap)[0], n, cap)
             return RoundPlan("ngram", k if n else 0, _cut(proposal, k) if n else None)
         if n == 0 or cap == 0:
             return RoundPlan("model", model_k)
@@ -92,7 +99,18 @@ class SourceChoice:
             ngram_k, ngram_rate = self._best_ngram(controller, n, cap)
         if ngram_k > 0 and ngram_rate >= model_rate:
             return RoundPlan("ngram", ngram_k, _cut(proposal, ngram_k))
+        if model_k == 0 and fixed_k is None:  # nothing would be drafted: perhaps a probe
+            probe = self._probed(0, n, cap)
+            if probe:
+                return RoundPlan("ngram", probe, _cut(proposal, probe))
         return RoundPlan("model", model_k)
+
+    def _probed(self, k: int, n: int, cap: int) -> int:
+        """k, or PROBE_K every PROBE_EVERY rounds whose usually-right match would draft nothing."""
+        if k > 0 or n == 0 or self.alpha(n) < PROBE_ALPHA:
+            return k
+        self._unused_good_matches += 1
+        return min(PROBE_K, cap) if self._unused_good_matches % PROBE_EVERY == 0 else 0
 
     def score(self, committed: list[int]) -> None:
         """Score this round's n-gram proposal against what the round committed (target tokens)."""
