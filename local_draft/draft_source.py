@@ -87,7 +87,10 @@ class SourceChoice:
         self._shadow = proposal
         n = proposal.match_len
         if self.drafting == "ngram":
-            k = min(cap, fixed_k) if fixed_k is not None else self._probed(self._best_ngram(controller, n, cap)[0], n, cap)
+            if fixed_k is not None:
+                k = min(cap, fixed_k)
+            else:
+                k = self._probed(self._best_ngram(controller, n, cap)[0], n, cap)
             return RoundPlan("ngram", k if n else 0, _cut(proposal, k) if n else None)
         if n == 0 or cap == 0:
             return RoundPlan("model", model_k)

@@ -11,7 +11,8 @@ from pathlib import Path
 from app.bench.modes import MODES, MODES_BY_NAME
 from app.bench.prompts import PROMPTS
 from app.bench.report import (
-    PINNED, SHARED, render_checks, render_ngram_checks, render_sources, render_tables, summarize, write_json, write_plot,
+    PINNED, SHARED, render_checks, render_ngram_checks, render_sources, render_tables, summarize, write_json,
+    write_plot,
 )
 from app.bench.runner import BenchConfig, count_runs, run_bench
 from app.generation_flags import add_sampling_arguments, sampling_params

@@ -30,7 +30,8 @@ def test_bench_compares_every_mode_at_every_round_trip(tiny, tmp_path):
 
     report = json.loads((out / "bench.json").read_text())
     runs = report["runs"]
-    assert len(runs) == 4 * (4 * 2 + 1) + 4  # 4 kinds x (4 networked modes x 2 round trips, offline once), the reference
+    # 4 kinds x (4 networked modes x 2 round trips, offline once), and the reference once a kind
+    assert len(runs) == 4 * (4 * 2 + 1) + 4
     cells = {(c["mode"], c["rtt_ms"], c["prompt_kind"]): c for c in report["summary"]}
     for rtt in (0.0, 30.0):
         server, alone, hybrid = (cells[mode, rtt, "all"] for mode in ("server", "k0", "k4"))

@@ -84,9 +84,10 @@ def test_greedy_ngram_and_mixed_drafting_are_token_identical_to_the_target(llama
     assert sources == ({"ngram"} if drafting == "ngram" else {"ngram", "model"}), sources
 
 
-def test_generate_with_draft_ngram_on_the_command_line_matches_the_target(llamacpp_service, close_draft, tiny,
-                                                                         prompts):
-    """`specwire generate --draft ngram --seed 7 --temperature 0` gives the target-alone tokens."""
+@pytest.mark.parametrize("drafting", ["ngram", "mixed"])
+def test_generate_with_ngram_drafts_on_the_command_line_matches_the_target(llamacpp_service, close_draft, tiny,
+                                                                          prompts, drafting):
+    """`generate --draft ngram` (and `--mix-ngram`) `--seed 7 --temperature 0` gives the target-alone tokens."""
     # A repeating prompt as text a user could type (its ids may differ at the seams once retyped),
     # and the target's own output for it, with n-gram drafts accepted in-process.
     client = VerifyClient(llamacpp_service.url, hello_for(close_draft))
@@ -101,14 +102,16 @@ def test_generate_with_draft_ngram_on_the_command_line_matches_the_target(llamac
             break
     client.close()
     assert typed is not None, "no repeating prompt typed as text gets n-gram drafts"
+    how = (["--draft", "ngram", "--tokenizer", str(tiny.draft)] if drafting == "ngram"
+           else ["--draft", str(tiny.draft), "--mix-ngram"])
     run = subprocess.run(
-        [sys.executable, "-m", "app.cli", "generate", "--draft", "ngram", "--tokenizer", str(tiny.draft),
+        [sys.executable, "-m", "app.cli", "generate", *how,
          "--server", llamacpp_service.url, "--prompt", typed, "--max-tokens", str(MAX_TOKENS),
          "--temperature", "0", "--seed", "7", "--json"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
     assert result["token_ids"] == expected
-    assert result["drafting"] == "ngram"
+    assert result["drafting"] == drafting
     assert result["stats"]["by_source"]["ngram"]["accepted"] > 0, result["stats"]
 
 
@@ -155,7 +158,8 @@ def test_sampled_ngram_and_mixed_drafts_follow_the_target(llamacpp_service, clos
         model += result.stats.by_source["model"].drafted if "model" in result.stats.by_source else 0
     client.close()
     pvalue = tally.pvalue()
-    print(f"{drafting}: p = {pvalue:.4f} (catches a {power:.3f} shift 90% of the time), ngram drafted {ngram}, model drafted {model}, "
+    print(f"{drafting}: p = {pvalue:.4f} (catches a {power:.3f} shift 90% of the time), "
+          f"ngram drafted {ngram}, model drafted {model}, "
           f"acceptance {tally.accepted / max(tally.drafted, 1):.2f}")
     assert pvalue > ALPHA
     assert 0.2 < tally.accepted / tally.drafted < 0.9  # acceptance and the residual were both taken
