@@ -30,6 +30,7 @@ class Cell:
     tokens: int
     tokens_per_s: float
     first_token_s: float
+    decode_tokens_per_s: float  # after the first token: the reply's own pace, the prompt's reading left out
     passes_per_token: float
     busy_ms_per_token: float
     round_trips_per_token: float
@@ -59,6 +60,8 @@ def summarize(runs: list[Run]) -> list[Cell]:
             mode=mode, rtt_ms=rtt, prompt_kind=kind, prompts=len(group), tokens=tokens,
             tokens_per_s=tokens / max(sum(r.wall_s for r in group), 1e-9),
             first_token_s=sum(r.first_token_s for r in group) / len(group),
+            decode_tokens_per_s=sum(r.tokens - 1 for r in group) / max(sum(r.wall_s - r.first_token_s for r in group),
+                                                                        1e-9),
             passes_per_token=sum(r.target_passes for r in group) / tokens,
             busy_ms_per_token=1000 * sum(r.service_s for r in group) / tokens,
             round_trips_per_token=sum(r.round_trips for r in group) / tokens,
@@ -75,12 +78,14 @@ def render_tables(cells: list[Cell], rtts_ms: list[float], kinds: list[str]) -> 
         rows = [c for c in cells if c.prompt_kind == kind]
         if not rows:
             continue
-        header = f"{'tokens/s, ' + kind:28s}" + "".join(f"{f'{rtt:g} ms':>10s}" for rtt in rtts_ms)
+        header = f"{'tokens/s, ' + kind:28s}" + "".join(f"{f'{rtt:g} ms':>10s}" for rtt in rtts_ms) + \
+            "   after the first token: " + " ".join(f"{f'{rtt:g} ms':>8s}" for rtt in rtts_ms)
         out += ["", header, "-" * len(header)]
         for mode in _modes_in(rows):
             by_rtt = {c.rtt_ms: c for c in rows if c.mode == mode}
             values = [by_rtt.get(rtt) or (by_rtt.get(0.0) if _base(mode) in LOCAL_MODES else None) for rtt in rtts_ms]
-            out.append(f"{mode:28s}" + "".join(f"{v.tokens_per_s:10.1f}" if v else f"{'-':>10s}" for v in values))
+            out.append(f"{mode:28s}" + "".join(f"{v.tokens_per_s:10.1f}" if v else f"{'-':>10s}" for v in values)
+                       + " " * 26 + " ".join(f"{v.decode_tokens_per_s:8.1f}" if v else f"{'-':>8s}" for v in values))
     header = (f"{'mode':17s} {'kind':6s} {'rtt ms':>6s} {'tok/s':>7s} {'ttft s':>7s} {'passes/tok':>10s} "
               f"{'busy ms/tok':>11s} {'trips/tok':>9s} {'bytes/tok':>9s} {'same':>5s}  acceptance by draft position")
     out += ["", header, "-" * len(header)]
@@ -129,13 +134,16 @@ def render_ngram_checks(cells: list[Cell], rtts_ms: list[float], kinds: list[str
             parts = []
             for mode, base in (("mixed", "auto+ahead"), ("ngram", "k0"), ("ngram", "auto+ahead")):
                 if (mode, rtt, kind) in index and (base, rtt, kind) in index:
-                    ratio = index[mode, rtt, kind].tokens_per_s / max(index[base, rtt, kind].tokens_per_s, 1e-9)
-                    parts.append(f"{mode} vs {base} {ratio:.2f}x")
+                    ours, theirs = index[mode, rtt, kind], index[base, rtt, kind]
+                    ratio = ours.tokens_per_s / max(theirs.tokens_per_s, 1e-9)
+                    after = ours.decode_tokens_per_s / max(theirs.decode_tokens_per_s, 1e-9)
+                    parts.append(f"{mode} vs {base} {ratio:.2f}x ({after:.2f}x after the first token)")
             if parts:
                 out.append(f"  {kind:6s} {rtt:5g} ms: " + ", ".join(parts))
     if not out:
         return ""
-    return "\n".join(["", "n-gram drafting against the model drafter and k0, tokens/s in the same cell"
+    return "\n".join(["", "n-gram drafting against the model drafter and k0, tokens/s in the same cell "
+                      "(first token included, as a user sees it; in brackets, after it)"
                       + (f", {layout}:" if layout else ":")] + out)
 
 

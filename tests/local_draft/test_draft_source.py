@@ -39,13 +39,13 @@ def test_scoring_against_committed_tokens_moves_the_estimate_for_that_match_leng
     for _ in range(8):
         choice.plan(REPEATED, controller, None, model_k=4, cap=16)
         choice.score([99, 98])  # the target went elsewhere at once
-    assert choice.alpha(8) < 0.1 < before
+    assert choice.alpha(8, in_copy=0) < 0.1 < before
     assert choice.plan(REPEATED, controller, None, model_k=4, cap=16).source == "model"  # the threshold moved up
     for _ in range(10):
         choice.plan(REPEATED, controller, None, model_k=4, cap=16)
         choice.score([9, 10, 11, 12, 20])  # right for four tokens, then the target's own
-    assert choice.alpha(8) > 0.6
-    assert choice.alpha(1) == pytest.approx(PRIOR_ALPHA_BY_N[1])  # other lengths untouched
+    assert choice.alpha(8, in_copy=1) > 0.6  # after the first right copy, rounds count as in a copy
+    assert choice.alpha(1, in_copy=0) == pytest.approx(PRIOR_ALPHA_BY_N[1])  # other lengths untouched
 
 
 def test_ngram_alone_drafts_nothing_without_a_match_and_its_fixed_k_with_one():
@@ -63,8 +63,12 @@ def test_threshold_is_the_shortest_winning_match_length():
     controller = measured_controller()
     threshold = choice.threshold(controller, model_k=4, cap=16)
     assert threshold is not None and threshold > 1
-    assert choice._best_ngram(controller, threshold, 16)[1] >= controller.expected_rate(4, controller.alpha)
-    assert choice._best_ngram(controller, threshold - 1, 16)[1] < controller.expected_rate(4, controller.alpha)
+
+    def wins(n: int) -> bool:
+        return (choice._best_ngram(controller, n, 16)[1] >= controller.expected_rate(4, controller.alpha)
+                and choice.alpha(n) >= controller.alpha)
+
+    assert wins(threshold) and not wins(threshold - 1)
 
 
 def test_an_unknown_drafting_is_refused():

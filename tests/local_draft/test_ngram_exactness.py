@@ -80,7 +80,8 @@ def test_greedy_ngram_and_mixed_drafting_are_token_identical_to_the_target(llama
         sources |= set(counts)
         ngram_accepted += counts["ngram"].accepted if "ngram" in counts else 0
     client.close()
-    assert ngram_accepted >= 10, ngram_accepted  # n-gram drafts were made and accepted
+    # n-gram drafts were made and accepted (mixed takes them only where they beat the close drafter)
+    assert ngram_accepted >= (10 if drafting == "ngram" else 1), ngram_accepted
     assert sources == ({"ngram"} if drafting == "ngram" else {"ngram", "model"}), sources
 
 
@@ -112,7 +113,8 @@ def test_generate_with_ngram_drafts_on_the_command_line_matches_the_target(llama
     result = json.loads(run.stdout)
     assert result["token_ids"] == expected
     assert result["drafting"] == drafting
-    assert result["stats"]["by_source"]["ngram"]["accepted"] > 0, result["stats"]
+    if drafting == "ngram":  # (mixed copies only where it beats the close drafter: not always here)
+        assert result["stats"]["by_source"]["ngram"]["accepted"] > 0, result["stats"]
 
 
 def test_generate_with_draft_ngram_and_no_service_is_a_clear_error(tiny):
@@ -163,6 +165,7 @@ def test_sampled_ngram_and_mixed_drafts_follow_the_target(llamacpp_service, clos
           f"acceptance {tally.accepted / max(tally.drafted, 1):.2f}")
     assert pvalue > ALPHA
     assert 0.2 < tally.accepted / tally.drafted < 0.9  # acceptance and the residual were both taken
-    assert ngram > NGRAM_SAMPLES  # the n-gram drafter drafted in nearly every generation
-    if drafting == "mixed":
-        assert model > 0.1 * NGRAM_SAMPLES, model  # and the model in many
+    if drafting == "ngram":
+        assert ngram > NGRAM_SAMPLES, ngram  # the n-gram drafter drafted in every generation
+    else:  # both drafters drafted in many generations
+        assert ngram > 0.3 * NGRAM_SAMPLES and model > 0.3 * NGRAM_SAMPLES, (ngram, model)
