@@ -91,3 +91,16 @@ def test_the_config_files_chat_table_sets_defaults_and_flags_win(tiny, tmp_path,
         config.write_text(f"[chat]\n{bad}\n")
         with pytest.raises(UserError, match=re.escape(message)):
             settings_from(parse(["chat", "--draft", str(tiny.draft)]), store)
+
+
+def test_draft_ngram_takes_a_tokenizer_and_refuses_offline(tiny, tmp_path, monkeypatch, capsys):
+    """--draft ngram: the --tokenizer GGUF tokenizes, --mix-ngram mixes, --offline is refused in one line."""
+    monkeypatch.setenv("SPECWIRE_CONFIG", str(tmp_path / "none.toml"))
+    store = ChatStore(tmp_path / "chats")
+    parse = build_parser().parse_args
+    settings = settings_from(parse(["chat", "--draft", "ngram", "--tokenizer", str(tiny.draft)]), store)
+    assert settings.drafting == "ngram" and settings.draft == tiny.draft
+    assert settings_from(parse(["chat", "--draft", str(tiny.draft), "--mix-ngram"]), store).drafting == "mixed"
+    assert settings_from(parse(["chat", "--draft", str(tiny.draft)]), store).drafting == "model"
+    assert main(["chat", "--draft", "ngram", "--tokenizer", str(tiny.draft), "--offline"]) == 2
+    assert "--draft ngram has no local model" in capsys.readouterr().err
