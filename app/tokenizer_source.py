@@ -13,12 +13,20 @@ from app.model_paths import resolve_model
 from app.user_error import UserError
 
 
+def open_tokenizer(path, n_ctx: int = 4096):
+    """The tokenizer held by the GGUF at `path` (DraftModelError if it cannot be read): the one
+    place that decides where a client with no model tokenizes (`generate` and `chat` both ask here)."""
+    from local_draft.draft_model import DraftModel
+
+    return DraftModel(path, n_ctx=n_ctx, vocab_only=True)
+
+
 def load_tokenizer(explicit: str | None, pair_name: str | None, n_ctx: int = 4096):
     """The tokenizer of the GGUF `explicit` names, else of the pair's draft GGUF; UserError if there is none."""
-    from local_draft.draft_model import DraftModel, DraftModelError
+    from local_draft.draft_model import DraftModelError
 
     try:
-        return DraftModel(resolve_model(explicit, pair_name, "draft"), n_ctx=n_ctx, vocab_only=True)
+        return open_tokenizer(resolve_model(explicit, pair_name, "draft"), n_ctx=n_ctx)
     except DraftModelError as exc:
         raise UserError(f"{exc} (n-gram drafting needs the pair's tokenizer: a GGUF file of the pair, "
                         f"given with --tokenizer, or `specwire models fetch`)") from exc

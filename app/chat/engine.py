@@ -25,6 +25,7 @@ from app.chat.state import BusyError, Connection, EngineListener, LiveStats, Rep
 from app.chat.store import (
     ChatLog, ChatStore, Committed, Note, ReplyEnded, SystemPrompt, UserMessage, Withdrawn, now_iso,
 )
+from app.tokenizer_source import open_tokenizer
 from local_draft.chat_template import ChatTemplate, template_for
 from local_draft.draft_model import DraftModel, DraftModelError
 from local_draft.controller_memory import ControllerMemory
@@ -122,9 +123,12 @@ class ChatEngine:
             self.listener.progress(f"loading the {'tokenizer of' if no_model else 'draft model'} "
                                    f"{self.settings.draft.name}")
             try:
-                self.draft = DraftModel(self.settings.draft, n_ctx=self.settings.context,
-                                        gpu_layers=self.settings.draft_gpu_layers,
-                                        n_threads=self.settings.draft_threads, vocab_only=no_model)
+                if no_model:
+                    self.draft = open_tokenizer(self.settings.draft, n_ctx=self.settings.context)
+                else:
+                    self.draft = DraftModel(self.settings.draft, n_ctx=self.settings.context,
+                                            gpu_layers=self.settings.draft_gpu_layers,
+                                            n_threads=self.settings.draft_threads)
             except DraftModelError as exc:
                 raise StartupProblem("missing_model", str(exc), offline_possible=False, retry_possible=False) from exc
             bos = self.draft.token_text(self.draft.bos_id).decode("utf-8", "replace")
