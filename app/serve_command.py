@@ -17,7 +17,7 @@ from pathlib import Path
 
 from app.model_paths import resolve_model
 from app.token_file import read_token_file
-from app.threads_flags import threads_flag
+from app.threads_flags import add_service_threads_argument
 from app.user_error import UserError
 from wire.limits import ServiceLimits
 
@@ -47,9 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--max-draft", type=int, default=32, help="longest draft block per round (default: %(default)s)")
     serve.add_argument("--max-context", type=int, default=4096,
                        help="longest history per session (default: %(default)s)")
-    serve.add_argument("--threads", type=threads_flag, default=env("SPECWIRE_THREADS"),
-                       help="llama.cpp threads of the llamacpp backend (default: the physical cores this "
-                            "process may use; give fewer when a drafter shares the machine)")
+    add_service_threads_argument(serve)
     serve.add_argument("--exit-with-parent", action="store_true",
                        help="stop when standard input closes (the program that started the service exited)")
     add_service_arguments(serve)
