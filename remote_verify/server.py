@@ -334,7 +334,7 @@ class VerifyService:
         verdict, queue_s = await self.queue.run(session.id, partial(session.verify, request), arrived)
         verdict.queue_s = queue_s
         self.metrics.record_round(len(request.draft), verdict.accepted, verdict.forward_s + verdict.accept_s,
-                                  queue_s)
+                                  queue_s, request.draft_source)
         return verdict
 
     async def _run_for(self, session: Session, work):
