@@ -60,6 +60,8 @@ class ServiceMetrics:
                                        buckets=LATENCY_BUCKETS, registry=r)
         self.queue_depth = Gauge("specwire_queue_depth", "requests waiting for the device", registry=r)
         self.streamed = Counter("specwire_streamed_tokens", "tokens made by server-only generation", registry=r)
+        self.vocab_downloads = Counter("specwire_vocab_downloads", "vocabulary files sent (GET /vocab.gguf)",
+                                       registry=r)
         self.syncs = Counter("specwire_syncs", "histories rebuilt from a client's Sync", registry=r)
         self.errors = Counter("specwire_errors", "requests answered with an error, by code", ["code"], registry=r)
         self.refusals = Counter("specwire_refusals", "connections or sessions refused, by reason", ["reason"],
