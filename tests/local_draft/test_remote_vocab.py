@@ -16,6 +16,7 @@ from local_draft.verify_client import VerifyClient
 from models.vocab_gguf import write_vocab_gguf
 from tests.conftest import RunningService, hello_for
 from tests.models.test_vocab_gguf import assert_tokenizes_alike
+from tests.remote_verify.test_access import tls_files  # noqa: F401  (a fixture: a CA and a certificate it signed)
 
 TOKEN = "t0ken"
 
@@ -130,5 +131,22 @@ def test_a_corrupt_download_is_refused_and_not_cached(llamacpp_target, tmp_path)
         with pytest.raises(RemoteVocabError, match="holds the vocabulary [0-9a-f]{32}, not the"):
             fetch_vocab(running.url, None, None, cache_dir=tmp_path)
         assert not any(tmp_path.iterdir())
+    finally:
+        running.close()
+
+
+def test_over_wss_the_ca_file_is_trusted_and_nothing_else(llamacpp_target, tls_files, tmp_path):
+    """A wss:// service: fetched over https with the CA file given; without it, the certificate is
+    not trusted and the error points at the CA file."""
+    from remote_verify.access import server_tls_context
+
+    running = RunningService(llamacpp_target, token=TOKEN,
+                             tls=server_tls_context(str(tls_files["cert"]), str(tls_files["key"])))
+    try:
+        assert running.url.startswith("wss://")
+        path = fetch_vocab(running.url, TOKEN, str(tls_files["ca"]), cache_dir=tmp_path)
+        assert DraftModel(path, vocab_only=True).vocab_fingerprint == running.service.fingerprint
+        with pytest.raises(RemoteVocabError, match="CERTIFICATE_VERIFY_FAILED.*--ca-file"):
+            fetch_vocab(running.url, TOKEN, None, cache_dir=tmp_path / "other")
     finally:
         running.close()
