@@ -28,7 +28,7 @@ from pathlib import Path
 from websockets.datastructures import Headers
 from websockets.http11 import Response
 
-from models.vocab_gguf import NoVocabFile, vocab_gguf_source, write_vocab_gguf
+from models.vocab_gguf import NoVocabFile, write_target_vocab_gguf
 from wire.protocol import vocab_fingerprint
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class VocabOffer:
     sha256: str = ""
     vocab_fingerprint: str = ""
     vocab_size: int = 0
-    source: str = ""  # the GGUF file it was made from
+    source: str = ""  # the GGUF file (or Hugging Face folder) it was made from
     reason: str = ""
 
     @property
@@ -67,10 +67,9 @@ def make_vocab_offer(backend, fingerprint: str) -> VocabOffer:
         return VocabOffer(reason="this backend does not say which model file it runs, so the service has no "
                                  "vocabulary file to send")
     try:
-        source = vocab_gguf_source(Path(target))
         with tempfile.TemporaryDirectory(prefix="specwire-vocab-") as folder:
             out = Path(folder) / "vocab.gguf"
-            texts = write_vocab_gguf(source, out)
+            source, texts = write_target_vocab_gguf(Path(target), out)
             data = out.read_bytes()
     except NoVocabFile as exc:
         log.info("no vocabulary file for clients: %s", exc)

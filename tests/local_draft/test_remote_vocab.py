@@ -15,7 +15,7 @@ from local_draft.server_only import ServerOnlyGenerator
 from local_draft.verify_client import VerifyClient
 from models.vocab_gguf import write_vocab_gguf
 from tests.conftest import RunningService, hello_for
-from tests.models.test_vocab_gguf import assert_tokenizes_alike
+from tests.models.test_vocab_gguf import assert_tokenizes_alike, folder_with_unknown_pre_tokenizer
 from tests.remote_verify.test_access import tls_files  # noqa: F401  (a fixture: a CA and a certificate it signed)
 
 TOKEN = "t0ken"
@@ -69,14 +69,17 @@ def test_a_second_fetch_downloads_nothing_and_a_damaged_cache_is_fetched_again(s
     assert downloads(service) == before + 2 and first.read_bytes() == original
 
 
-def test_refusals_say_what_went_wrong(service, torch_target, tmp_path):
+def test_refusals_say_what_went_wrong(service, tiny, tmp_path):
     """A wrong or missing token, a service with no vocabulary file, no service at all and a bad
     address each raise RemoteVocabError naming the cause; nothing is written to the cache."""
     with pytest.raises(RemoteVocabError, match="refused the token: wrong bearer token"):
         fetch_vocab(service.url, "wrong", None, cache_dir=tmp_path)
     with pytest.raises(RemoteVocabError, match="refused the token: missing bearer token"):
         fetch_vocab(service.url, None, None, cache_dir=tmp_path)
-    hf_service = RunningService(torch_target)  # a Hugging Face folder: no GGUF vocabulary
+    from remote_verify.backends.torch_backend import TorchTarget
+
+    folder = folder_with_unknown_pre_tokenizer(tiny, tmp_path.parent / "whitespace")
+    hf_service = RunningService(TorchTarget(folder, device="cpu"))  # a tokenizer it cannot write for llama.cpp
     try:
         with pytest.raises(RemoteVocabError, match="has no vocabulary file to send.*serve the target as a GGUF"):
             fetch_vocab(hf_service.url, None, None, cache_dir=tmp_path)

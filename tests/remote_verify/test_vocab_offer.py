@@ -15,6 +15,7 @@ from websockets.sync.client import connect
 from local_draft.draft_model import DraftModel
 from remote_verify.vocab_offer import CAPABILITY, FINGERPRINT_HEADER, SHA256_HEADER
 from tests.conftest import RunningService, hello_for
+from tests.models.test_vocab_gguf import assert_tokenizes_alike, folder_with_unknown_pre_tokenizer
 from tests.remote_verify.test_metrics import scrape
 from wire.protocol import SUBPROTOCOL, Welcome, decode_server_message, encode
 
@@ -87,10 +88,28 @@ def test_the_vocabulary_file_is_the_targets_and_says_its_hashes(guarded, tiny, c
     assert CAPABILITY in welcome_of(guarded.url, close_draft, TOKEN).capabilities
 
 
-def test_a_hugging_face_target_answers_404_saying_what_to_do(torch_target, close_draft):
-    """The tiny target as a Hugging Face folder (torch backend) has no GGUF vocabulary: 404 with the
-    reason, no capability in Welcome, and sessions work as before."""
+def test_a_hugging_face_target_offers_its_tokenizer_json_as_a_vocabulary(torch_target, close_draft, tiny, tmp_path):
+    """The tiny target as a Hugging Face folder (torch backend): the file is written from its
+    tokenizer.json, has the target's fingerprint, tokenizes like the target GGUF, and is advertised."""
     running = RunningService(torch_target)
+    try:
+        status, _, data = get(running.url, "/vocab.gguf")
+        assert status == 200 and CAPABILITY in welcome_of(running.url, close_draft).capabilities
+        (tmp_path / "vocab.gguf").write_bytes(data)
+        assert_tokenizes_alike(DraftModel(tmp_path / "vocab.gguf", vocab_only=True),
+                               DraftModel(tiny.target_gguf, n_ctx=256, n_threads=1))
+        assert json.loads(get(running.url, "/vocab.json")[2])["source"] == tiny.target.name
+    finally:
+        running.close()
+
+
+def test_a_target_with_an_unknown_tokenizer_answers_404_saying_what_to_do(tiny, close_draft, tmp_path):
+    """A Hugging Face folder whose pre-tokenizer has no known llama.cpp name: 404 with the reason and
+    what to serve instead, no capability in Welcome, and sessions work as before."""
+    from remote_verify.backends.torch_backend import TorchTarget
+
+    folder = folder_with_unknown_pre_tokenizer(tiny, tmp_path / "whitespace")
+    running = RunningService(TorchTarget(folder, device="cpu"))
     try:
         for path in ("/vocab.json", "/vocab.gguf"):
             status, _, body = get(running.url, path)
