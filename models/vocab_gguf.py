@@ -173,9 +173,16 @@ def read_metadata(source: Path) -> list[MetadataItem]:
     """Every metadata key/value of a (little-endian, v2 or v3) GGUF file, in file order.
 
     gguf-py's GGUFReader takes 12 s for a Qwen2.5 file (it makes a numpy view of each of
-    the 450,000 strings and numbers in the token lists); this reads them with struct, in
-    about a second, without touching the tensors.
+    the 450,000 strings and numbers in the token lists); this reads them with struct in
+    0.3 s, without touching the tensors.
     """
+    try:
+        return _read_metadata(source)
+    except (struct.error, ValueError, UnicodeDecodeError) as exc:  # ValueError: an empty file, an unknown type
+        raise NoVocabFile(f"{source} is not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+
+
+def _read_metadata(source: Path) -> list[MetadataItem]:
     with open(source, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
         if data[:4] != b"GGUF":
             raise NoVocabFile(f"{source} is not a GGUF file")
@@ -232,7 +239,8 @@ def write_vocab_gguf(source: Path, out: Path) -> list[bytes]:
     architecture = keys[gguf.Keys.General.ARCHITECTURE]
     writer = gguf.GGUFWriter(str(out), architecture.decode("utf-8"))  # writes general.architecture itself
     for key, value_type, value, sub_type in items:
-        if key == gguf.Keys.General.ARCHITECTURE:
+        # split.*: how a large model's tensors are spread over files; this file has none of them
+        if key == gguf.Keys.General.ARCHITECTURE or key.startswith("split."):
             continue
         if value_type == gguf.GGUFValueType.ARRAY and not value:
             log.warning("%s: leaving out the empty array %s (a GGUF writer cannot write one)", source.name, key)

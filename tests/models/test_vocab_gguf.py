@@ -65,8 +65,12 @@ def test_where_the_vocabulary_comes_from(tiny, tmp_path):
     assert vocab_gguf_source(converted) == tiny.target_gguf.resolve()
     assert write_target_vocab_gguf(converted, tmp_path / "a.gguf")[0] == tiny.target_gguf.resolve()
     assert write_target_vocab_gguf(tiny.target, tmp_path / "b.gguf")[0] == tiny.target
-    with pytest.raises(NoVocabFile):
-        write_vocab_gguf(tiny.target / "config.json", tmp_path / "out.gguf")  # not a GGUF file
+    with pytest.raises(NoVocabFile, match="is not a GGUF file"):
+        write_vocab_gguf(tiny.target / "config.json", tmp_path / "out.gguf")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny.target_gguf.read_bytes()[:2000])  # a download that stopped in the token list
+    with pytest.raises(NoVocabFile, match="is not a readable GGUF file"):
+        write_vocab_gguf(cut, tmp_path / "out.gguf")
 
 
 def test_a_hugging_face_folder_gets_a_vocabulary_that_tokenizes_like_its_own_tokenizer(tiny, tmp_path):
