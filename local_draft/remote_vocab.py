@@ -71,10 +71,9 @@ def fetch_vocab(server_url: str, token: str | None = None, ca_file: str | None =
     if path.is_file() and _sha256_of(path) == info["sha256"]:
         log.info("the service's vocabulary is cached at %s", path)
         return path
-    data, response_headers = _download(base + FILE_PATH, headers, context, server_url, info["bytes"])
+    data, stated = _download(base + FILE_PATH, headers, context, server_url, info["bytes"])
     digest = hashlib.sha256(data).hexdigest()
-    stated = response_headers.get(SHA256_HEADER, info["sha256"])
-    if digest != info["sha256"] or stated != info["sha256"]:
+    if digest != info["sha256"] or stated not in ("", info["sha256"]):
         raise RemoteVocabError(f"the vocabulary file from {server_url} is corrupt: its sha256 is {digest}, the "
                                f"service stated {info['sha256']}; fetch it again")
     _store(data, path, info["vocab_fingerprint"], server_url)
@@ -87,7 +86,7 @@ def _http_base(server_url: str) -> str:
     scheme = {"ws": "http", "wss": "https", "http": "http", "https": "https"}.get(parts.scheme)
     if scheme is None or not parts.netloc:
         raise RemoteVocabError(f"not a service address: {server_url!r} (give ws://HOST:PORT or wss://HOST:PORT)")
-    return f"{scheme}://{parts.netloc}"
+    return f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}"  # a path: a proxy's prefix for the service
 
 
 def _get(url: str, headers: dict, context, server_url: str):
@@ -133,14 +132,15 @@ def _checked_info(response, server_url: str) -> dict:
     return checked
 
 
-def _download(url: str, headers: dict, context, server_url: str, size: int) -> tuple[bytes, dict]:
+def _download(url: str, headers: dict, context, server_url: str, size: int) -> tuple[bytes, str]:
+    """The file's bytes and the sha256 its response states (the description's when it states none)."""
     with _get(url, headers, context, server_url) as response:
         data = response.read(size + 1)  # one byte more than stated: a longer file is caught
-        response_headers = dict(response.headers.items())
+        stated = response.headers.get(SHA256_HEADER, "")
     if len(data) != size:
         raise RemoteVocabError(f"the vocabulary file from {server_url} is corrupt: {len(data)} bytes arrived, "
                                f"the service stated {size}; fetch it again")
-    return data, response_headers
+    return data, stated
 
 
 def _store(data: bytes, path: Path, fingerprint: str, server_url: str) -> None:
