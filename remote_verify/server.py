@@ -1,16 +1,18 @@
 """The verification service: a WebSocket server that runs sessions against one target.
 
 Plain HTTP on the same port: `/healthz` (200 once the target is loaded, 503 while it
-loads or drains), `/metrics` (Prometheus) and, behind the bearer token, the target's
-vocabulary for clients with no model file (`/vocab.json`, `/vocab.gguf`: vocab_offer.py).
-Auth and the admission limits are applied in `process_request`, before the upgrade. Each
-connection is one session; its model work goes through the device's queue (one worker
-thread, sessions in turn), so the event loop keeps answering pings, health checks and
-other clients while a forward pass runs.
+loads or drains) and `/metrics` (Prometheus). Auth and the admission limits are applied
+in `process_request`, before the upgrade. Each connection is one session; its model work
+goes through the device's queue (one worker thread, sessions in turn), so the event loop
+keeps answering pings, health checks and other clients while a forward pass runs.
 
 SIGINT/SIGTERM drain: new sessions are refused, rounds in flight finish and are answered,
 then every connection is closed with 1001 (going away) and the client reconnects, to this
 service when it is back or to any other replica. A second signal stops without waiting.
+
+Behind the same bearer token, plain HTTP also serves the target's vocabulary to clients
+with no model file (`/vocab.json`, `/vocab.gguf`; made once, when the target is loaded:
+vocab_offer.py).
 """
 
 from __future__ import annotations
@@ -355,7 +357,8 @@ class VerifyService:
         verdict, queue_s = await self.queue.run(session.id, partial(session.verify, request), arrived)
         verdict.queue_s = queue_s
         self.metrics.record_round(len(request.draft), verdict.accepted, verdict.forward_s + verdict.accept_s,
-                                  queue_s, request.draft_source)
+                                  queue_s)
+        self.metrics.record_draft_source(request.draft_source, len(request.draft), verdict.accepted)
         return verdict
 
     async def _run_for(self, session: Session, work):
