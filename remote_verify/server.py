@@ -9,6 +9,10 @@ keeps answering pings, health checks and other clients while a forward pass runs
 SIGINT/SIGTERM drain: new sessions are refused, rounds in flight finish and are answered,
 then every connection is closed with 1001 (going away) and the client reconnects, to this
 service when it is back or to any other replica. A second signal stops without waiting.
+
+Behind the same bearer token, plain HTTP also serves the target's vocabulary to clients
+with no model file (`/vocab.json`, `/vocab.gguf`; made once, when the target is loaded:
+vocab_offer.py).
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ from wire.protocol import (
 from remote_verify.scheduler import DeviceQueue, QueueClosed
 from remote_verify.session import Session, SessionError, SessionLimits
 from remote_verify.server_only import ServerOnlyStream
+from remote_verify import vocab_offer
+from remote_verify.vocab_offer import VocabOffer, make_vocab_offer, offer_response
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +97,7 @@ class VerifyService:
         self.limits = config.limits  # capped by the model's own context once it is loaded
         self.frames = FrameReader(self.limits.max_context, self.limits.max_draft)  # rebuilt with the capped limits
         self.fingerprint = ""
+        self.vocab = VocabOffer(reason="the target is still loading")  # made once the target is loaded
         self.state = "loading"  # then "ready", then "draining"
         self.port: int | None = None  # once listening
         self.metrics = ServiceMetrics()
@@ -156,7 +163,8 @@ class VerifyService:
         """Load the target on the device thread; False if asked to stop first."""
         def load():
             backend = self._loader()
-            return backend, vocab_fingerprint(backend.token_texts())
+            fingerprint = vocab_fingerprint(backend.token_texts())
+            return backend, fingerprint, make_vocab_offer(backend, fingerprint)
 
         loading = asyncio.ensure_future(self.queue.run("load", load))
         await asyncio.wait({loading, self._stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -164,10 +172,10 @@ class VerifyService:
             log.info("stopped while the target was loading")
             return False
         try:
-            (backend, fingerprint), _ = loading.result()
+            (backend, fingerprint, vocab), _ = loading.result()
         except Exception as exc:
             raise TargetLoadError(str(exc) or type(exc).__name__) from exc
-        self.backend, self.fingerprint = backend, fingerprint
+        self.backend, self.fingerprint, self.vocab = backend, fingerprint, vocab
         self.limits = SessionLimits(max_draft=self.config.limits.max_draft,
                                     max_context=min(self.config.limits.max_context, backend.max_context))
         self.frames = FrameReader(self.limits.max_context, self.limits.max_draft)
@@ -208,18 +216,16 @@ class VerifyService:
             del response.headers["Content-Type"]
             response.headers["Content-Type"] = self.metrics.content_type
             return response
-        if self.config.token is not None:
-            authorizations = request.headers.get_all("Authorization")
-            if len(authorizations) > 1:  # which one would count is ambiguous: refuse, do not pick
-                self.metrics.refusals.labels("bad_request").inc()
-                return connection.respond(http.HTTPStatus.BAD_REQUEST,
-                                          f"{len(authorizations)} Authorization headers: send exactly one\n")
-            problem = bearer_problem(authorizations[0] if authorizations else None, self.config.token)
-            if problem:
-                self.metrics.refusals.labels("unauthorized").inc()
-                response = connection.respond(http.HTTPStatus.UNAUTHORIZED, problem + "\n")
-                response.headers["WWW-Authenticate"] = 'Bearer realm="specwire"'
-                return response
+        refused = self._unauthorized(connection, request)
+        if refused is not None:
+            return refused
+        if path in (vocab_offer.INFO_PATH, vocab_offer.FILE_PATH):
+            if self.state == "loading":
+                return self._unavailable(connection, "the target model is still loading: retry in "
+                                         f"{self.guard.retry_after_s:g} s\n")
+            if path == vocab_offer.FILE_PATH and self.vocab.available:
+                self.metrics.vocab_downloads.inc()
+            return offer_response(self.vocab, path)
         if self.state != "ready":
             self.metrics.refusals.labels(self.state).inc()
             words = "the target model is still loading" if self.state == "loading" else "the service is shutting down"
@@ -231,6 +237,23 @@ class VerifyService:
                 connection, f"the service is at its limit of {self.guard.max_sessions} sessions: "
                 f"retry in {self.guard.retry_after_s:g} s, or use another replica\n")
         self._admitted.add(connection)
+        return None
+
+    def _unauthorized(self, connection: ServerConnection, request: Request) -> Response | None:
+        """The refusal of a request without the service's bearer token, or None when it may go on."""
+        if self.config.token is None:
+            return None
+        authorizations = request.headers.get_all("Authorization")
+        if len(authorizations) > 1:  # which one would count is ambiguous: refuse, do not pick
+            self.metrics.refusals.labels("bad_request").inc()
+            return connection.respond(http.HTTPStatus.BAD_REQUEST,
+                                      f"{len(authorizations)} Authorization headers: send exactly one\n")
+        problem = bearer_problem(authorizations[0] if authorizations else None, self.config.token)
+        if problem:
+            self.metrics.refusals.labels("unauthorized").inc()
+            response = connection.respond(http.HTTPStatus.UNAUTHORIZED, problem + "\n")
+            response.headers["WWW-Authenticate"] = 'Bearer realm="specwire"'
+            return response
         return None
 
     def _unavailable(self, connection: ServerConnection, text: str) -> Response:
@@ -335,6 +358,7 @@ class VerifyService:
         verdict.queue_s = queue_s
         self.metrics.record_round(len(request.draft), verdict.accepted, verdict.forward_s + verdict.accept_s,
                                   queue_s)
+        self.metrics.record_draft_source(request.draft_source, len(request.draft), verdict.accepted)
         return verdict
 
     async def _run_for(self, session: Session, work):
@@ -392,13 +416,19 @@ class VerifyService:
         try:
             await ws.send(encode(Welcome(
                 session_id=session.id, max_context=self.limits.max_context, max_draft=self.limits.max_draft,
-                vocab_size=backend.vocab_size, target=backend.name, capabilities=["greedy", "sampling", "sync", "generate"],
+                vocab_size=backend.vocab_size, target=backend.name, capabilities=self._capabilities(),
                 max_frame_bytes=self.guard.max_frame_bytes, idle_timeout_s=self.guard.idle_timeout_s)))
         except ConnectionClosed:
             await self._close_session(session)
             return None
         session_log(log, session.id).info("opened (%s)", printable(hello.client, 80) or "unnamed client")
         return session
+
+    def _capabilities(self) -> list[str]:
+        capabilities = ["greedy", "sampling", "sync", "generate"]
+        if self.vocab.available:  # GET /vocab.gguf: the target's tokenizer, for clients with no model file
+            capabilities.append(vocab_offer.CAPABILITY)
+        return capabilities
 
     async def _close_session(self, session: Session) -> None:
         """Forget the session and free its KV cache (on the device thread, in its turn)."""

@@ -53,3 +53,4 @@ class ServiceLimits:
 # draft are bounded by --max-context and --max-draft instead.
 MAX_DIST_TOKENS = 1024  # ids in one draft distribution (specwire's drafter sends at most 64)
 MAX_STOP_IDS = 256  # stop_ids of one Generate (a chat template has a handful of end tokens)
+MAX_DRAFT_SOURCE_CHARS = 16  # a Verify's draft_source names a drafter ("model", "ngram"), not a sentence

@@ -110,6 +110,7 @@ class Verify(msgspec.Struct, tag="verify"):
     append: list[int] = []
     draft: list[int] = []
     draft_dists: list[SparseDist] = []
+    draft_source: str = ""  # who drafted: "model" (the GGUF drafter), "ngram" (copied context), "": unstated
 
 
 class Sync(msgspec.Struct, tag="sync"):
