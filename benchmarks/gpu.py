@@ -3,7 +3,7 @@
     python -m benchmarks.gpu                       # on a CUDA machine: Qwen2.5 1.5B and 7B shapes
     python -m benchmarks.gpu --device cpu --tiny   # the same measurements at a toy size (this machine)
         [--models 1.5b 7b] [--blocks 1 2 3 5 9 17] [--sessions 1 2 4 8 16 32] [--block 5]
-        [--context 512] [--repeats 20] [--draft GGUF] [--out DIR]
+        [--context 512] [--repeats 20] [--threads N] [--draft GGUF] [--out DIR]
 
 Weights are random, built from the configurations written out below (no download): speed
 depends on shapes, not values. bfloat16 on CUDA, float32 on the CPU.
@@ -187,6 +187,7 @@ def measure_model(name: str, device: torch.device, args) -> dict:
         eager.truncate(args.context)
         agree, total = agree + int((ids == reference).sum()), total + b
         result["blocks"].append(row)
+        log.info("%s: block %d: eager %.2f ms, fast %.2f ms", name, b, eager_ms, fast_ms)
     result["argmax_agreement"] = agree / total
     one_token = result["blocks"][0]["fast_ms"] if args.blocks[0] == 1 else None
     for row in result["blocks"]:
@@ -214,6 +215,7 @@ def measure_model(name: str, device: torch.device, args) -> dict:
                 session.truncate(args.context)
 
         fast_ms, eager_ms = median_ms(args.repeats, batched, queued)
+        log.info("%s: %d sessions: eager round %.2f ms, fast round %.2f ms", name, n, eager_ms, fast_ms)
         result["batched"].append({"sessions": n, "fast_round_ms": fast_ms, "eager_round_ms": eager_ms,
                                   "fast_tokens_s": n * args.block / fast_ms * 1000,
                                   "eager_tokens_s": n * args.block / eager_ms * 1000})
@@ -312,6 +314,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--copy-mib", type=int, default=1024, help="buffer copied to measure bandwidth")
     parser.add_argument("--no-graphs", action="store_true", help="the static path without CUDA graphs")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own; on a shared "
+                        "machine 1 keeps OpenMP threads from waiting for each other)")
     parser.add_argument("--draft", type=Path, help="a drafter GGUF to time on the GPU and the CPU")
     parser.add_argument("--out", type=Path, help="folder for gpu.json (default: benchmarks/results/gpu-<device>)")
     args = parser.parse_args(argv)
@@ -322,6 +326,8 @@ def main(argv: list[str] | None = None) -> dict:
         args.models = args.models or ["tiny"]
         args.context, args.repeats, args.copy_mib = min(args.context, 64), min(args.repeats, 5), 64
     models = args.models or ["1.5b", "7b"]
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     name = torch.cuda.get_device_name() if device.type == "cuda" else f"{platform.processor() or 'cpu'}, " \
         f"{torch.get_num_threads()} threads"
