@@ -13,14 +13,16 @@ Captured graphs share one memory pool. That is safe here because a replay's outp
 consumed (gathered and copied) before the next replay, and replays never overlap: one
 device worker runs every forward.
 
-This module only runs where CUDA is: the CPU suite covers the forward it records
-(qwen2_static.py), not the recording.
+Only `_record` needs CUDA. The CPU suite runs everything else here (bucket keys, static
+input buffers, placeholder warm-up in the scratch slot, replays into padded shapes) with
+`_record` replaced by a plain call of the forward; the capture itself runs only on a GPU.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -33,17 +35,17 @@ WARMUP_RUNS = 2  # cuBLAS picks algorithms and allocates workspaces on first cal
 
 @dataclass
 class CapturedForward:
-    graph: torch.cuda.CUDAGraph
     tokens: torch.Tensor  # (R, T) int64, static input
     positions: torch.Tensor  # (R, T) int64, static input
     slots: torch.Tensor  # (R,) int64, static input
     hidden: torch.Tensor  # (R, T, D), static output
+    replay: Callable[[], None]
 
 
 class GraphedForward:
     def __init__(self, model: StaticQwen2, kv: StaticKV, rope: tuple[torch.Tensor, torch.Tensor]):
         self.model, self.kv, self.rope = model, kv, rope
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool = None  # one memory pool for every graph, made at the first capture
         self.captured: dict[tuple[int, int, int], CapturedForward] = {}
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
@@ -54,7 +56,7 @@ class GraphedForward:
         entry.tokens.copy_(tokens)
         entry.positions.copy_(positions)
         entry.slots.copy_(slots)
-        entry.graph.replay()
+        entry.replay()
         return entry.hidden
 
     def _capture(self, rows: int, width: int, keys_read: int) -> CapturedForward:
@@ -70,6 +72,17 @@ class GraphedForward:
         def forward() -> torch.Tensor:
             return self.model.hidden(self.kv, self.rope, tokens, slots, positions, keys_read)
 
+        replay, hidden = self._record(forward)
+        entry = CapturedForward(tokens, positions, slots, hidden, replay)
+        self.captured[(rows, width, keys_read)] = entry
+        log.info("captured a CUDA graph for %d rows x %d tokens, %d keys (%d graphs)", rows, width, keys_read,
+                 len(self.captured))
+        return entry
+
+    def _record(self, forward: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
+        """Capture `forward` in a CUDA graph: (replay, the graph's output tensor)."""
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -79,8 +92,4 @@ class GraphedForward:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             hidden = forward()
-        entry = CapturedForward(graph, tokens, positions, slots, hidden)
-        self.captured[(rows, width, keys_read)] = entry
-        log.info("captured a CUDA graph for %d rows x %d tokens, %d keys (%d graphs)", rows, width, keys_read,
-                 len(self.captured))
-        return entry
+        return graph.replay, hidden

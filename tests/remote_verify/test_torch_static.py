@@ -1,7 +1,8 @@
 """The static-cache torch path on the CPU (float32, eager): exact where HF eager is, batched, slotted.
 
-CUDA graphs and bfloat16 are not exercised here (no GPU): `python -m benchmarks.gpu` on a
-CUDA machine runs them and checks their verdicts against the eager forward.
+CUDA graphs and bfloat16 are not exercised here (no GPU): the graph path's padding and
+buffers are, with the capture replaced by a plain call; `python -m benchmarks.gpu` on a
+CUDA machine runs the capture and compares its logits with the same forward run eagerly.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from local_draft.speculator import Speculator
 from local_draft.verify_client import VerifyClient
 from remote_verify.acceptance import accept_greedy
 from remote_verify.backends import Pass, load_backend, run_passes
-from remote_verify.backends.torch_static import NoFreeSlot, TorchStaticTarget
+from remote_verify.backends.cuda_graphs import WARMUP_RUNS, GraphedForward
+from remote_verify.backends.torch_static import BLOCK_BUCKETS, NoFreeSlot, TorchStaticTarget
 from tests.conftest import RunningService, hello_for
 from tests.local_draft.test_fallback import target_alone
 from wire.protocol import SamplingParams
@@ -106,6 +108,51 @@ def test_a_session_alone_and_beside_seven_others_gets_the_same_verdicts(torch_ta
     assert together[0] == alone[0]
     worst = max(float(np.abs(a - b).max()) for a, b in zip(alone_logits[0], together_logits[0]))
     assert worst < LOGIT_TOLERANCE, worst
+
+
+class ReplayByCalling(GraphedForward):
+    """Stand-in for CUDA graph capture, which needs a GPU: a "replay" runs the recorded forward
+    again on the same static buffers and copies its result into the static output."""
+
+    def _record(self, forward):
+        for _ in range(WARMUP_RUNS):
+            forward()
+        hidden = forward()
+        return (lambda: hidden.copy_(forward())), hidden
+
+
+def test_the_graph_path_padding_to_buckets_gives_the_verdicts_of_the_eager_path(tiny, torch_target, static_target):
+    """The CUDA-graph path's bookkeeping on the CPU (capture replaced by a plain call): passes
+    padded to (rows, block, keys) buckets, padding rows in the scratch slot, placeholder warm-ups
+    at capture. 8 sessions batched give the verdicts of one session alone on the eager path;
+    a shape seen before reuses its capture; blocks longer than 33 run eagerly."""
+    graphed = TorchStaticTarget(tiny.target, device="cpu", slots=SLOTS, context=1024)
+    engine = graphed.engine
+    engine.graphs = ReplayByCalling(engine.model, engine.kv, engine.rope)
+    rng = np.random.default_rng(3)
+    prompts = [random_tokens(rng, graphed.vocab_size, int(n)) for n in (30, 5, 120, 1, 64, 17, 250, 9)]
+    caches = [graphed.new_cache() for _ in prompts]
+    together, together_logits = greedy_rounds(graphed, torch_target, caches, prompts, 11, 12, batched=True)
+    alone_cache = static_target.new_cache()
+    alone, alone_logits = greedy_rounds(static_target, torch_target, [alone_cache], prompts[:1], 11, 12, batched=False)
+    static_target.release(alone_cache)
+    assert together[0] == alone[0]
+    assert max(float(np.abs(a - b).max()) for a, b in zip(alone_logits[0], together_logits[0])) < LOGIT_TOLERANCE
+    shapes = set(engine.graphs.captured)
+    assert len(shapes) > 2 and all(rows & (rows - 1) == 0 and width in BLOCK_BUCKETS and keys >= 256
+                                   for rows, width, keys in shapes)
+    assert all(width <= 33 for _, width, _ in shapes)  # the 64-, 120- and 250-token prompts ran eagerly
+    assert any(rows > 1 for rows, _, _ in shapes)  # passes of several sessions shared a replay
+    # one more round in shapes already captured adds no capture
+    lengths = [cache.length for cache in caches]
+    first = graphed.forward_many([Pass(cache, [1, 2, 3, 4, 5], 5, argmax_only=True) for cache in caches])
+    captured = len(engine.graphs.captured)
+    for cache, n in zip(caches, lengths):
+        graphed.truncate(cache, n)
+    again = graphed.forward_many([Pass(cache, [1, 2, 3, 4, 5], 5, argmax_only=True) for cache in caches])
+    assert len(engine.graphs.captured) == captured
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))  # the same replay, the same bits
+    assert [cache.length for cache in caches] == [n + 5 for n in lengths]
 
 
 def test_batched_passes_equal_their_own_forwards_and_argmax_only_sends_ids(static_target):
