@@ -298,14 +298,16 @@ def table(report: dict) -> str:
     if report.get("drafter"):
         d = report["drafter"]
         gpu = f"{d['gpu_ms_per_token']:.2f}" if d.get("gpu_ms_per_token") else "n/a (no GPU offload)"
-        lines.append(f"\ndrafter {Path(d['draft']).name}: {gpu} ms/token on the GPU, {d['cpu_ms_per_token']:.2f} on the CPU")
+        lines.append(f"\ndrafter {Path(d['draft']).name}: {gpu} ms/token on the GPU, "
+                     f"{d['cpu_ms_per_token']:.2f} on the CPU")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--tiny", action="store_true", help="the tiny shape only, few repeats: a check that runs anywhere")
+    parser.add_argument("--tiny", action="store_true",
+                        help="the tiny shape only, few repeats: a check that runs anywhere")
     parser.add_argument("--models", nargs="+", default=None, choices=sorted(CONFIGS), help="default: 1.5b 7b")
     parser.add_argument("--blocks", type=int, nargs="+", default=[1, 2, 3, 5, 9, 17], help="verify block lengths")
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import threading
 import weakref
 from pathlib import Path
 from typing import Sequence
@@ -71,15 +72,18 @@ class SlotPool:
     def __init__(self, slots: int):
         self.size = slots
         self._free = list(range(slots))
+        self._lock = threading.Lock()  # a cache collected on another thread gives its slot back there
 
     def take(self) -> int:
-        if not self._free:
-            raise NoFreeSlot(f"all {self.size} KV slots of the static torch cache are in use: close a session, "
-                             f"or start the service with more (--max-sessions sizes the cache)")
-        return heapq.heappop(self._free)
+        with self._lock:
+            if not self._free:
+                raise NoFreeSlot(f"all {self.size} KV slots of the static torch cache are in use: close a "
+                                 f"session, or start the service with more (--max-sessions sizes the cache)")
+            return heapq.heappop(self._free)
 
     def give(self, slot: int) -> None:
-        heapq.heappush(self._free, slot)
+        with self._lock:
+            heapq.heappush(self._free, slot)
 
     @property
     def free(self) -> int:
@@ -177,7 +181,9 @@ class StaticEngine:
         for slot in set(slots.tolist()):
             self.kv.make_readable(slot, keys_read)
 
-        as_tensor = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
+        def as_tensor(array: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(array).to(self.device)
+
         if graphed:
             hidden = self.graphs.run(as_tensor(tokens), as_tensor(positions), as_tensor(slots), keys_read)
         else:
