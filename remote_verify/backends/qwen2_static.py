@@ -11,7 +11,8 @@ of a CUDA graph write there. Position S - 1 of every slot is never valid, so pad
 tokens of a real row write there (see torch_static.py).
 
 Shapes: R rows, T tokens per row, L keys read per row (a bucket >= every row's last
-position + 1), D model width, H query heads, G key/value heads, E head size.
+position + 1), D model width, H query heads, G key/value heads (group = H / G query heads
+share one), E head size.
 """
 
 from __future__ import annotations
@@ -108,7 +109,9 @@ class StaticQwen2:
         cos = rope[0][positions].to(self.dtype)[:, :, None, :]  # (R, T, 1, E)
         sin = rope[1][positions].to(self.dtype)[:, :, None, :]
         key_pos = torch.arange(keys_read, device=self.device)
-        mask = (key_pos[None, None, :] <= positions[:, :, None])[:, None]  # (R, 1, T, L): causal per row
+        mask = key_pos[None, None, :] <= positions[:, :, None]  # (R, T, L): causal, per row
+        group = self.shape.heads // self.shape.kv_heads
+        mask = mask.repeat(1, group, 1)[:, None]  # (R, 1, group * T, L): see _attention
         x = F.embedding(tokens, self.embed)  # (R, T, D)
         for i, layer in enumerate(self.layers):
             x = x + self._attention(layer, rms_norm(x, layer.input_layernorm.weight, self.shape.eps),
@@ -130,9 +133,14 @@ class StaticQwen2:
         v_cache[slots[:, None], positions] = v
         keys = k_cache[slots, :keys_read].transpose(1, 2)  # (R, G, L, E): a gather of each row's slot
         values = v_cache[slots, :keys_read].transpose(1, 2)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask,
-                                             enable_gqa=s.heads != s.kv_heads)  # (R, H, T, E)
-        return F.linear(out.transpose(1, 2).reshape(r, t, s.heads * s.head_dim), a.o_proj.weight)
+        # The query heads that share a key/value head (head h uses h // group) become extra
+        # query rows of that head, so attention reads each cached head once and no kernel
+        # copies keys and values per query head (grouped-query attention's saving kept).
+        group = s.heads // s.kv_heads
+        q = q.transpose(1, 2).reshape(r, s.kv_heads, group * t, s.head_dim)  # (R, G, group * T, E)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # (R, G, group * T, E)
+        out = out.view(r, s.heads, t, s.head_dim).transpose(1, 2)  # (R, T, H, E)
+        return F.linear(out.reshape(r, t, s.heads * s.head_dim), a.o_proj.weight)
 
     @staticmethod
     def _mlp(mlp, x):

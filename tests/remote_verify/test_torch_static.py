@@ -257,3 +257,27 @@ def test_greedy_speculation_through_the_service_is_token_identical_to_the_target
                 assert accepted > 0.4 * drafted, (accepted, drafted)
     finally:
         service.close()
+
+
+@pytest.mark.parametrize("shape", ["1.5b", "7b"])
+def test_the_real_models_head_layouts_match_hf_eager(shape):
+    """Qwen2.5 1.5B's and 7B's attention layout (12 and 28 query heads on 2 and 4 key/value heads,
+    head size 128, rope theta 1e6, tied and untied output heads) in two layers with random weights:
+    a prompt and a block score within the tolerance of HF eager, with the same argmax."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from benchmarks.gpu import CONFIGS, EagerSession
+    from remote_verify.backends.torch_static import StaticEngine
+
+    torch.manual_seed(0)
+    config = dict(CONFIGS[shape], num_hidden_layers=2, intermediate_size=256, vocab_size=1024)
+    model = Qwen2ForCausalLM(Qwen2Config(**config, use_sliding_window=False)).eval()
+    engine, eager = StaticEngine(model, slots=1, context=300), EagerSession(model)
+    cache = engine.new_cache()
+    rng = np.random.default_rng(0)
+    for feed in (random_tokens(rng, 1024, 40), random_tokens(rng, 1024, 9)):
+        reference = eager.forward(feed, len(feed))
+        fast = engine.forward_many([Pass(cache, feed, len(feed))])[0]
+        assert np.array_equal(reference.argmax(-1), fast.argmax(-1))
+        assert float(np.abs(reference - fast).max()) < LOGIT_TOLERANCE
