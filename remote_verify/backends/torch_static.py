@@ -34,7 +34,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from remote_verify.backends import Pass
+from remote_verify.backends import CacheFull, Pass
 from remote_verify.backends.qwen2_static import StaticKV, StaticQwen2
 from remote_verify.backends.torch_backend import TorchTarget
 
@@ -44,8 +44,8 @@ BLOCK_BUCKETS = (1, 2, 3, 5, 9, 17, 33)  # k + 1 for k = 0, 1, 2, 4, 8, 16, 32; 
 MIN_KEYS = 256  # keys read per row: a power of two from this, so few graph shapes cover all lengths
 
 
-class NoFreeSlot(RuntimeError):
-    """Every KV slot is held by a session."""
+class NoFreeSlot(CacheFull):
+    """Every KV slot is held by a session (the service refuses the new one: sessions_full)."""
 
 
 class SlotCache:
