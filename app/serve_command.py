@@ -44,6 +44,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "greedy output equals the target alone even at near-ties (default: on for llamacpp, "
                        "whose invariant kernels cost a share of each pass; off for torch, where it means "
                        "one pass per token; onnx has no such mode)")
+    serve.add_argument("--torch-static", action="store_true",
+                       default=env("SPECWIRE_TORCH_STATIC", "") not in ("", "0"),
+                       help="torch backend: a static KV cache with a slot per session (--max-sessions slots of "
+                       "--max-context positions), one forward for several sessions' passes, CUDA graphs "
+                       "and bfloat16 on a GPU")
     serve.add_argument("--max-draft", type=int, default=32, help="longest draft block per round (default: %(default)s)")
     serve.add_argument("--max-context", type=int, default=4096,
                        help="longest history per session (default: %(default)s)")
@@ -127,7 +132,8 @@ def run_serve(args: argparse.Namespace) -> int:
                            limits=SessionLimits(max_draft=args.max_draft, max_context=args.max_context),
                            service_limits=limits)
     service = VerifyService(lambda: load_backend(args.backend, target, device=args.device, threads=args.threads,
-                                                     batch_invariant=args.batch_invariant), config)
+                                                 batch_invariant=args.batch_invariant, torch_static=args.torch_static,
+                                                 sessions=args.max_sessions, max_context=args.max_context), config)
 
     def announce(url: str) -> None:
         print(f"listening on {url}", flush=True)

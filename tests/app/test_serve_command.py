@@ -58,3 +58,16 @@ def test_an_onnx_target_is_not_served_batch_invariant(tmp_path):
     (tmp_path / MANIFEST_NAME).write_text("{}")
     with pytest.raises(ValueError, match="no batch-invariant mode.*llamacpp or torch"):
         load_backend("onnx", tmp_path, batch_invariant=True)
+
+
+def test_serve_torch_static_gives_each_allowed_session_a_slot_of_the_context_limit(tiny):
+    """--torch-static serves the static torch path: --max-sessions slots of --max-context positions."""
+    process = subprocess.Popen([sys.executable, "-m", "app.cli", "-v", "serve", "--target", str(tiny.target),
+                                "--backend", "torch", "--device", "cpu", "--torch-static", "--max-sessions", "3",
+                                "--max-context", "512", "--port", "0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = process.stdout.readline()  # once the target is loaded
+    process.terminate()
+    log = process.communicate(timeout=30)[1]
+    assert line.startswith("listening on"), log
+    assert "static KV cache: 3 slots of 512 positions (torch.float32), CUDA graphs off" in log, log
