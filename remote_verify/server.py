@@ -30,7 +30,7 @@ from websockets.http11 import Request, Response
 from websockets.protocol import State
 
 from remote_verify.access import bearer_problem
-from remote_verify.backends import TargetBackend
+from remote_verify.backends import CacheFull, TargetBackend
 from remote_verify.frames import BadFrame, FrameReader, frame_cost, hello_problems
 from remote_verify.idle import IdleClock
 from remote_verify.limits import TokenBucket
@@ -388,6 +388,12 @@ class VerifyService:
             session, _ = await self.queue.run(opening, partial(Session, backend, hello.sampling, hello.seed,
                                                                self.limits))
         except QueueClosed:
+            return None
+        except CacheFull as exc:
+            log.warning("refused a session: %s", exc)
+            await self._refuse(ws, CLOSE_GOING_AWAY, "sessions_full",
+                               f"the service has no KV memory for another session now: retry in "
+                               f"{self.guard.retry_after_s:g} s, or use another replica")
             return None
         self.sessions[session.id] = session  # registered before the client can use it
         self._connections[session.id] = ws

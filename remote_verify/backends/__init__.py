@@ -34,6 +34,11 @@ class TargetBackend(Protocol):
         """Drop every cached position from `length` on (roll back without recomputing)."""
 
 
+class CacheFull(RuntimeError):
+    """No KV cache can be allocated for another session now (`new_cache`); the session is
+    refused and its client retries later. Sessions already open are never evicted."""
+
+
 @dataclass
 class Pass:
     """One session's share of a forward pass: tokens appended to its cache, results wanted
