@@ -93,6 +93,7 @@ class LlamaCache:
     pool: KvPool
     seq: int  # the session's sequence id (and KV stream) in its pool
     length: int = 0  # positions held
+    released: bool = False  # its slot was given back (and may be another session's now)
 
 
 class LlamaCppTarget:
@@ -188,7 +189,7 @@ class LlamaCppTarget:
                 for rows, item in zip(results, passes)]
 
     def _pass_problem(self, item: Pass) -> str:
-        if not isinstance(item.cache, LlamaCache) or item.cache.pool not in self._pools:
+        if not isinstance(item.cache, LlamaCache) or item.cache.released:
             return "a pass's cache is not a live slot of this backend (was it released?)"
         if not 0 < item.n_logits <= len(item.tokens):
             return f"a pass asks for {item.n_logits} logits of {len(item.tokens)} tokens"
@@ -240,6 +241,8 @@ class LlamaCppTarget:
             decode()
 
     def truncate(self, cache: LlamaCache, length: int) -> None:
+        if cache.released:
+            raise ValueError("truncating a released cache")
         # Always removed, not only below the known length: after a failed decode the cache may
         # hold positions that `length` never counted.
         llama_cpp.llama_memory_seq_rm(cache.pool.memory, cache.seq, length, -1)
@@ -248,8 +251,9 @@ class LlamaCppTarget:
     def release(self, cache: LlamaCache) -> None:
         """Give the session's slot back; a pool left empty is freed (its memory goes back now)."""
         pool = cache.pool
-        if pool not in self._pools or cache.seq in pool.free:
-            return  # released already
+        if cache.released:
+            return
+        cache.released = True
         llama_cpp.llama_memory_seq_rm(pool.memory, cache.seq, -1, -1)
         pool.free.append(cache.seq)
         pool.free.sort()
