@@ -71,3 +71,56 @@ def test_a_missing_or_wrong_token_gets_401(torch_target, close_draft):
         client.close()
     finally:
         guarded.close()
+
+
+def test_concurrent_sessions_share_passes_and_each_equals_the_target_alone(tiny):
+    """Six speculating sessions (k = 4) and two server-only streams at once on one service:
+    their rounds and tokens share forward passes (more rounds than passes), and every greedy
+    reply equals the target alone."""
+    import threading
+
+    from local_draft.draft_model import DraftModel
+    from local_draft.server_only import ServerOnlyGenerator
+    from local_draft.speculator import Speculator
+    from remote_verify.backends.llamacpp_backend import LlamaCppTarget
+    from tests.conftest import TINY_THREADS
+    from tests.local_draft.test_fallback import target_alone
+    from wire.protocol import SamplingParams
+
+    target = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=TINY_THREADS)  # this service's alone
+    drafts = [DraftModel(tiny.draft, n_ctx=1024, n_threads=1) for _ in range(8)]  # loaded one after another
+    prompts = [drafts[0].tokenize(text) for text in ("def quicksort(arr):", "The quick brown fox", "while True:")]
+    expected = [target_alone(target, prompt, 40) for prompt in prompts]
+    running = RunningService(target)
+    replies: dict[int, list[list[int]]] = {}
+    problems: list[str] = []
+    start = threading.Barrier(8)
+
+    def session(index: int) -> None:
+        try:
+            client = VerifyClient(running.url, hello_for(drafts[index]))
+            if index < 6:
+                generate = Speculator(drafts[index], client, SamplingParams(), k=4).generate
+            else:
+                generate = ServerOnlyGenerator(client, ()).generate
+            start.wait(30)
+            replies[index] = [generate(prompts[(index + i) % 3], 40).token_ids for i in range(3)]
+            client.close()
+        except Exception as exc:  # reported below, never raised from a thread
+            problems.append(f"session {index}: {type(exc).__name__}: {exc}")
+            start.abort()
+
+    threads = [threading.Thread(target=session, args=(i,), daemon=True) for i in range(8)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        queue = running.service.queue
+        assert problems == []
+        for index, got in replies.items():
+            assert got == [expected[(index + i) % 3] for i in range(3)], f"session {index}"
+        assert len(replies) == 8
+        assert queue.shared_items > 1.5 * queue.passes, (queue.shared_items, queue.passes)
+    finally:
+        running.close()
