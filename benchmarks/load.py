@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.load [--sessions 32] [--rounds 50] [--k 4]
                                         [--backend llamacpp|torch] [--attack N] [--json]
+                                        [--batch-tokens N] [--compare 1,4,8,16,32]
 
 Builds the tiny models in a temporary folder (or takes --target/--draft), starts
 `specwire serve` as a child process, and computes each prompt's reference continuation
@@ -14,6 +15,13 @@ reference. Prints verify latency percentiles (round trip at the client, time que
 the device, the service's forward pass and acceptance), errors, and the service's
 resident memory before, at the peak of, and after the wave. `--attack N` runs the load
 alone and then beside N attacking connections instead (benchmarks/attack.py).
+
+`--compare 1,4,8,16,32` runs the load at each session count twice, side by side in one
+run: the queue (`serve --batch-tokens 0`, one session's round a pass) and shared passes
+(`--batch-tokens`, default 256). It prints, for each, the aggregate verified tokens/s (tokens
+of every reply over the wave's wall time), target passes/s (the service's own count), the
+sessions a pass served on average, p50/p99 round trip, and the replies that differ from the
+target alone; ratios are what to read on a machine others share.
 """
 
 from __future__ import annotations
@@ -94,6 +102,8 @@ class TimedClient(VerifyClient):
 class SessionResult:
     rounds: int = 0
     generations: int = 0
+    tokens: int = 0  # in all its replies
+    finished: float = 0.0  # time.perf_counter() when its last reply was done
     mismatches: list[str] = field(default_factory=list)
     error: str | None = None
     samples: list[tuple[float, float, float]] = field(default_factory=list)
@@ -115,6 +125,9 @@ class LoadReport:
     rss_peak_mib: float
     rss_after_mib: float
     sessions_open_after: float
+    tokens: int = 0  # in every reply of the measured wave
+    target_passes: float = 0.0  # forward passes the service ran in the measured wave
+    batch_tokens: int | None = None  # the service's --batch-tokens (None: its default)
     prompts: list[list[int]] = field(default_factory=list)
     references: list[list[int]] = field(default_factory=list)  # each prompt continued by the target alone
 
@@ -125,10 +138,13 @@ class LoadReport:
 class Service:
     """`specwire serve` in a child process."""
 
-    def __init__(self, target: Path, backend: str, max_sessions: int, pinned: bool = False):
+    def __init__(self, target: Path, backend: str, max_sessions: int, pinned: bool = False,
+                 batch_tokens: int | None = None):
+        batching = [] if batch_tokens is None else ["--batch-tokens", str(batch_tokens)]
         self.process = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "serve", "--target", str(target), "--backend", backend,
-             "--port", "0", "--max-sessions", str(max_sessions), "--exit-with-parent"],  # gone when we are
+             "--port", "0", "--max-sessions", str(max_sessions), *batching,
+             "--exit-with-parent"],  # gone when we are
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=pin_to_one_cpu if pinned else None)
         line = self.process.stdout.readline()
         if not line.startswith("listening on "):
@@ -181,6 +197,7 @@ def _run_session(index: int, url: str, draft: DraftModel, prompts: list[list[int
             generation = speculator.generate(prompts[which], max_tokens)
             result.rounds += generation.stats.rounds
             result.generations += 1
+            result.tokens += len(generation.token_ids)
             if generation.token_ids != references[which]:
                 result.mismatches.append(f"session {index}, prompt {which}: {generation.token_ids} != "
                                          f"{references[which]}")
@@ -190,6 +207,7 @@ def _run_session(index: int, url: str, draft: DraftModel, prompts: list[list[int
         result.error = f"session {index}: {type(exc).__name__}: {exc}"
         start.abort()
     finally:
+        result.finished = time.perf_counter()
         if client is not None:
             result.samples = client.samples
             client.close()
@@ -217,12 +235,13 @@ def run_wave(url: str, draft_path: Path, prompts, references, sessions: int, rou
         if on_tick is not None:
             on_tick()
         time.sleep(0.05)
-    return results, time.perf_counter() - began
+    return results, max(result.finished for result in results) - began  # not rounded to the 50 ms ticks
 
 
 def run_load(target: Path, draft_path: Path, backend: str = "llamacpp", sessions: int = 32, rounds: int = 50,
-             k: int = 4, max_tokens: int = 48, warmup_rounds: int = 4, pin_service: bool = False) -> LoadReport:
-    service = Service(target, backend, max_sessions=sessions, pinned=pin_service)
+             k: int = 4, max_tokens: int = 48, warmup_rounds: int = 4, pin_service: bool = False,
+             batch_tokens: int | None = None) -> LoadReport:
+    service = Service(target, backend, max_sessions=sessions, pinned=pin_service, batch_tokens=batch_tokens)
     try:
         tokenizer = DraftModel(draft_path, n_ctx=1024, n_threads=1)
         prompts = [tokenizer.tokenize(text) for text in PROMPTS]
@@ -231,9 +250,11 @@ def run_load(target: Path, draft_path: Path, backend: str = "llamacpp", sessions
         wait_until_closed(service)
         before = service.rss()
         peak = [before]
+        passes_before = service.metric("specwire_target_passes")
         results, wall = run_wave(service.url, draft_path, prompts, references, sessions, rounds, k, max_tokens,
                                  on_tick=lambda: peak.append(service.rss()))
         open_after = wait_until_closed(service)
+        passes = service.metric("specwire_target_passes") - passes_before
         after = service.rss()
     finally:
         service.close()
@@ -246,7 +267,54 @@ def run_load(target: Path, draft_path: Path, backend: str = "llamacpp", sessions
         round_trip_s=percentiles([s[0] for s in samples]), queue_s=percentiles([s[1] for s in samples]),
         service_s=percentiles([s[2] for s in samples]),
         rss_before_mib=before / MIB, rss_peak_mib=max(peak) / MIB, rss_after_mib=after / MIB,
-        sessions_open_after=open_after, prompts=prompts, references=references)
+        sessions_open_after=open_after, tokens=sum(r.tokens for r in results), target_passes=passes,
+        batch_tokens=batch_tokens, prompts=prompts, references=references)
+
+
+def compare(target: Path, draft_path: Path, backend: str, session_counts: list[int], rounds: int, k: int,
+            max_tokens: int, batch_tokens: int, pin_service: bool = False) -> list[dict]:
+    """The queue and shared passes at each session count, one after the other, in one run."""
+    rows = []
+    for sessions in session_counts:
+        for mode, budget in (("queue", 0), ("batched", batch_tokens)):
+            report = run_load(target, draft_path, backend, sessions, rounds, k, max_tokens,
+                              pin_service=pin_service, batch_tokens=budget)
+            rows.append(dict(sessions=sessions, mode=mode, batch_tokens=budget, wall_s=report.wall_s,
+                             tokens=report.tokens, rounds=report.rounds,
+                             tokens_per_s=report.tokens / report.wall_s,
+                             passes_per_s=report.target_passes / report.wall_s,
+                             rounds_per_pass=report.rounds / max(report.target_passes, 1),
+                             round_trip_p50_ms=report.round_trip_s["p50"] * 1000,
+                             round_trip_p99_ms=report.round_trip_s["p99"] * 1000,
+                             queue_p50_ms=report.queue_s["p50"] * 1000,
+                             errors=len(report.errors), mismatches=len(report.mismatches),
+                             problems=(report.errors + report.mismatches)[:3]))
+            log_row(rows[-1])
+    return rows
+
+
+def log_row(row: dict) -> None:
+    print(f"  {row['sessions']:>3} sessions {row['mode']:>8}: {row['tokens_per_s']:8.1f} tokens/s "
+          f"{row['passes_per_s']:7.1f} passes/s  rounds/pass {row['rounds_per_pass']:5.2f}  round trip p50 "
+          f"{row['round_trip_p50_ms']:7.1f} p99 {row['round_trip_p99_ms']:7.1f} ms  differing {row['mismatches']}, "
+          f"errors {row['errors']}", file=sys.stderr, flush=True)
+
+
+def print_comparison(rows: list[dict], k: int) -> None:
+    print(f"k = {k}; queue: one session's round a pass; batched: the waiting sessions' rounds share a pass")
+    print("sessions | mode    | tokens/s | passes/s | rounds/pass | round trip p50 / p99 ms | "
+          "differing replies | errors")
+    for row in rows:
+        print(f"{row['sessions']:>8} | {row['mode']:<7} | {row['tokens_per_s']:8.1f} | {row['passes_per_s']:8.1f} | "
+              f"{row['rounds_per_pass']:11.2f} | {row['round_trip_p50_ms']:10.1f} / {row['round_trip_p99_ms']:8.1f} | "
+              f"{row['mismatches']:>17} | {row['errors']:>6}")
+    print("batched / queue at each session count:")
+    for queue, batched in zip(rows[::2], rows[1::2]):
+        print(f"  {queue['sessions']:>3} sessions: tokens/s x{batched['tokens_per_s'] / queue['tokens_per_s']:.2f}, "
+              f"p99 round trip x{batched['round_trip_p99_ms'] / queue['round_trip_p99_ms']:.2f}")
+    for row in rows:
+        for problem in row["problems"]:
+            print(f"  {row['sessions']} {row['mode']}: {problem}")
 
 
 def wait_until_closed(service: Service, timeout_s: float = 30.0) -> float:
@@ -270,6 +338,11 @@ def main() -> None:
     parser.add_argument("--attack", type=int, default=0, metavar="N",
                         help="instead: the load alone and beside N attacking connections, then the memory "
                         "attack (benchmarks/attack.py; tiny models, llama.cpp)")
+    parser.add_argument("--batch-tokens", type=int, default=None, metavar="N",
+                        help="the service's --batch-tokens (default: its own; with --compare: 256)")
+    parser.add_argument("--compare", metavar="COUNTS",
+                        help="instead: the queue against shared passes at each of these session counts "
+                        "(comma-separated, e.g. 1,4,8,16,32), side by side")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.attack:
@@ -293,8 +366,18 @@ def main() -> None:
             tiny = build_tiny_models(Path(folder), seed=0)
             target = tiny.target_gguf if args.backend == "llamacpp" else tiny.target
             args.target, args.draft = args.target or target, args.draft or tiny.draft
+        if args.compare:
+            counts = [int(count) for count in args.compare.split(",")]
+            rows = compare(Path(args.target), Path(args.draft), args.backend, counts, args.rounds, args.k,
+                           args.max_tokens, args.batch_tokens if args.batch_tokens is not None else 256,
+                           pin_service=args.pin_service)
+            if args.json:
+                print(json.dumps(rows, indent=1))
+            else:
+                print_comparison(rows, args.k)
+            return
         report = run_load(Path(args.target), Path(args.draft), args.backend, args.sessions, args.rounds, args.k,
-                          args.max_tokens, pin_service=args.pin_service)
+                          args.max_tokens, pin_service=args.pin_service, batch_tokens=args.batch_tokens)
     if args.json:
         print(json.dumps(report.as_dict(), indent=1))
         return
