@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -41,7 +42,7 @@ from pathlib import Path
 from local_draft.draft_model import DraftModel
 from local_draft.speculator import Speculator
 from local_draft.verify_client import VerifyClient
-from wire.protocol import Hello, SamplingParams, Verify
+from wire.protocol import Hello, SamplingParams, Sync, Verify
 
 PROMPTS = [  # short and varied: each session cycles through them from its own offset
     "def quicksort(arr):", "import numpy as np", "class Stack:", "for i in range(10):",
@@ -185,21 +186,57 @@ def reference_continuations(url: str, draft: DraftModel, prompts: list[list[int]
         client.close()
 
 
+class ReplayedDrafts:
+    """A drafter that costs the client nothing: each block is the reference's next k tokens with
+    one of them (or none) changed, the position drawn per round, so that a round accepts 0 to k
+    tokens (k on average / 2) while the service does all the work a real drafter's rounds ask
+    of it. Isolates the service's capacity from the clients' drafting on a shared machine."""
+
+    def __init__(self, client: VerifyClient, k: int, seed: int, vocab_size: int):
+        self.client, self.k, self.vocab_size = client, k, vocab_size
+        self.rng = random.Random(seed)
+        self.seq = 0
+
+    def generate(self, prompt: list[int], reference: list[int]) -> tuple[list[int], int]:
+        """(the tokens the service committed after `prompt`, rounds)."""
+        self.seq += 1
+        self.client.sync(Sync(seq=self.seq, tokens=[]))  # each reply starts a fresh history
+        out: list[int] = []
+        rounds = 0
+        while len(out) < len(reference):
+            draft = list(reference[len(out):len(out) + self.k])
+            wrong = self.rng.randrange(len(draft) + 1)  # == len(draft): the block is all right
+            if wrong < len(draft):
+                draft[wrong] = (draft[wrong] + 1) % self.vocab_size
+            self.seq += 1
+            verdict = self.client.verify(Verify(seq=self.seq, committed_len=len(prompt) + len(out) if out else 0,
+                                                append=[] if out else list(prompt), draft=draft))
+            out += draft[:verdict.accepted] + [verdict.token]
+            rounds += 1
+        return out[:len(reference)], rounds
+
+
 def _run_session(index: int, url: str, draft: DraftModel, prompts: list[list[int]], references: list[list[int]],
-                 rounds: int, k: int, max_tokens: int, start: threading.Barrier, result: SessionResult) -> None:
+                 rounds: int, k: int, max_tokens: int, start: threading.Barrier, result: SessionResult,
+                 replay: bool = False) -> None:
     client = None
     try:
         client = TimedClient(url, hello_for(draft), stall_timeout_s=120.0)
         speculator = Speculator(draft, client, SamplingParams(), k=k)
+        replayed = ReplayedDrafts(client, k, seed=index, vocab_size=draft.vocab_size)
         start.wait()
         while result.rounds < rounds:
             which = (index + result.generations) % len(prompts)
-            generation = speculator.generate(prompts[which], max_tokens)
-            result.rounds += generation.stats.rounds
+            if replay:
+                token_ids, made_in = replayed.generate(prompts[which], references[which])
+            else:
+                generation = speculator.generate(prompts[which], max_tokens)
+                token_ids, made_in = generation.token_ids, generation.stats.rounds
+            result.rounds += made_in
             result.generations += 1
-            result.tokens += len(generation.token_ids)
-            if generation.token_ids != references[which]:
-                result.mismatches.append(f"session {index}, prompt {which}: {generation.token_ids} != "
+            result.tokens += len(token_ids)
+            if token_ids != references[which]:
+                result.mismatches.append(f"session {index}, prompt {which}: {token_ids} != "
                                          f"{references[which]}")
     except threading.BrokenBarrierError:
         result.error = f"session {index}: another session failed before the start"
@@ -214,7 +251,7 @@ def _run_session(index: int, url: str, draft: DraftModel, prompts: list[list[int
 
 
 def run_wave(url: str, draft_path: Path, prompts, references, sessions: int, rounds: int, k: int,
-             max_tokens: int, on_tick=None) -> tuple[list[SessionResult], float]:
+             max_tokens: int, on_tick=None, replay: bool = False) -> tuple[list[SessionResult], float]:
     """`sessions` concurrent sessions, started together; returns their results and the wall time."""
     results = [SessionResult() for _ in range(sessions)]
     # Loaded here, one after another: llama-cpp-python silences a load by redirecting the
@@ -222,7 +259,8 @@ def run_wave(url: str, draft_path: Path, prompts, references, sessions: int, rou
     drafts = [DraftModel(draft_path, n_ctx=1024, n_threads=1) for _ in range(sessions)]  # many share 2 cores
     start = threading.Barrier(sessions + 1)
     threads = [threading.Thread(target=_run_session, daemon=True,
-                                args=(i, url, drafts[i], prompts, references, rounds, k, max_tokens, start, results[i]))
+                                args=(i, url, drafts[i], prompts, references, rounds, k, max_tokens, start, results[i],
+                                      replay))
                for i in range(sessions)]
     for thread in threads:
         thread.start()
@@ -240,19 +278,20 @@ def run_wave(url: str, draft_path: Path, prompts, references, sessions: int, rou
 
 def run_load(target: Path, draft_path: Path, backend: str = "llamacpp", sessions: int = 32, rounds: int = 50,
              k: int = 4, max_tokens: int = 48, warmup_rounds: int = 4, pin_service: bool = False,
-             batch_tokens: int | None = None) -> LoadReport:
+             batch_tokens: int | None = None, replay: bool = False) -> LoadReport:
     service = Service(target, backend, max_sessions=sessions, pinned=pin_service, batch_tokens=batch_tokens)
     try:
         tokenizer = DraftModel(draft_path, n_ctx=1024, n_threads=1)
         prompts = [tokenizer.tokenize(text) for text in PROMPTS]
         references = reference_continuations(service.url, tokenizer, prompts, max_tokens)
-        warm, _ = run_wave(service.url, draft_path, prompts, references, sessions, warmup_rounds, k, max_tokens)
+        warm, _ = run_wave(service.url, draft_path, prompts, references, sessions, warmup_rounds, k, max_tokens,
+                           replay=replay)
         wait_until_closed(service)
         before = service.rss()
         peak = [before]
         passes_before = service.metric("specwire_target_passes")
         results, wall = run_wave(service.url, draft_path, prompts, references, sessions, rounds, k, max_tokens,
-                                 on_tick=lambda: peak.append(service.rss()))
+                                 on_tick=lambda: peak.append(service.rss()), replay=replay)
         open_after = wait_until_closed(service)
         passes = service.metric("specwire_target_passes") - passes_before
         after = service.rss()
@@ -272,13 +311,13 @@ def run_load(target: Path, draft_path: Path, backend: str = "llamacpp", sessions
 
 
 def compare(target: Path, draft_path: Path, backend: str, session_counts: list[int], rounds: int, k: int,
-            max_tokens: int, batch_tokens: int, pin_service: bool = False) -> list[dict]:
+            max_tokens: int, batch_tokens: int, pin_service: bool = False, replay: bool = False) -> list[dict]:
     """The queue and shared passes at each session count, one after the other, in one run."""
     rows = []
     for sessions in session_counts:
         for mode, budget in (("queue", 0), ("batched", batch_tokens)):
             report = run_load(target, draft_path, backend, sessions, rounds, k, max_tokens,
-                              pin_service=pin_service, batch_tokens=budget)
+                              pin_service=pin_service, batch_tokens=budget, replay=replay)
             rows.append(dict(sessions=sessions, mode=mode, batch_tokens=budget, wall_s=report.wall_s,
                              tokens=report.tokens, rounds=report.rounds,
                              tokens_per_s=report.tokens / report.wall_s,
@@ -343,6 +382,9 @@ def main() -> None:
     parser.add_argument("--compare", metavar="COUNTS",
                         help="instead: the queue against shared passes at each of these session counts "
                         "(comma-separated, e.g. 1,4,8,16,32), side by side")
+    parser.add_argument("--replay", action="store_true",
+                        help="clients send the reference's tokens as drafts, one changed at a random place "
+                        "(no drafting on the client's side): the service's capacity alone")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.attack:
@@ -370,14 +412,15 @@ def main() -> None:
             counts = [int(count) for count in args.compare.split(",")]
             rows = compare(Path(args.target), Path(args.draft), args.backend, counts, args.rounds, args.k,
                            args.max_tokens, args.batch_tokens if args.batch_tokens is not None else 256,
-                           pin_service=args.pin_service)
+                           pin_service=args.pin_service, replay=args.replay)
             if args.json:
                 print(json.dumps(rows, indent=1))
             else:
                 print_comparison(rows, args.k)
             return
         report = run_load(Path(args.target), Path(args.draft), args.backend, args.sessions, args.rounds, args.k,
-                          args.max_tokens, pin_service=args.pin_service, batch_tokens=args.batch_tokens)
+                          args.max_tokens, pin_service=args.pin_service, batch_tokens=args.batch_tokens,
+                          replay=args.replay)
     if args.json:
         print(json.dumps(report.as_dict(), indent=1))
         return

@@ -179,3 +179,19 @@ def test_argmax_only_gives_the_argmax_of_the_logits(llamacpp_target):
     finally:
         for cache in caches:
             llamacpp_target.release(cache)
+
+
+@pytest.mark.slow
+def test_the_default_target_scores_a_session_the_same_beside_seven_others():
+    """Qwen2.5-Coder-1.5B Q4_K_M (quantized weights, passes of 8+ rows): a session's rounds give
+    the same bits alone and beside seven others decoding in the same passes."""
+    from models.fetch import fetch_chunks
+    from models.registry import QWEN_CODER, file_path
+
+    path = file_path(QWEN_CODER, QWEN_CODER.target)
+    fetch_chunks(QWEN_CODER.target.chunks, path)
+    single = LlamaCppTarget(path, gpu_layers=0, max_context=512, slots=1)
+    alone = scripted_session(single, single.new_cache())
+    beside = beside_seven_others(LlamaCppTarget(path, gpu_layers=0, max_context=512, slots=8))
+    for round_, (a, b) in enumerate(zip(alone, beside)):
+        assert differing_rows(a, b) == [], f"round {round_}: largest gap {np.abs(a - b).max():.3g}"
