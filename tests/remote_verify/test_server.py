@@ -124,3 +124,32 @@ def test_concurrent_sessions_share_passes_and_each_equals_the_target_alone(tiny)
         assert queue.shared_items > 1.5 * queue.passes, (queue.shared_items, queue.passes)
     finally:
         running.close()
+
+
+def test_a_session_finding_no_kv_memory_is_refused_with_a_retry_hint(tiny):
+    """A KV pool llama.cpp cannot create refuses the new session with sessions_full and a retry
+    hint; the service goes on answering health checks. (The failure is provoked by asking for
+    more sequences than llama.cpp allows, which it refuses at once: an allocation that really
+    fails would first take this machine's memory.)"""
+    from remote_verify.backends.llamacpp_backend import LlamaCppTarget
+    from tests.conftest import TINY_THREADS
+
+    class NoMemoryTarget(LlamaCppTarget):
+        def context_params(self):
+            params = super().context_params()
+            params.n_seq_max = 100_000  # over LLAMA_MAX_SEQ: llama.cpp refuses the context
+            return params
+
+    from local_draft.draft_model import DraftModel
+
+    draft = DraftModel(tiny.draft, n_ctx=256, n_threads=1)
+    running = RunningService(NoMemoryTarget(tiny.target_gguf, gpu_layers=0, n_threads=TINY_THREADS))
+    try:
+        with pytest.raises(VerifyError) as error:
+            VerifyClient(running.url, hello_for(draft))
+        assert error.value.code == "sessions_full" and error.value.fatal
+        assert "KV memory" in str(error.value) and "retry in" in str(error.value)
+        with urllib.request.urlopen(running.url.replace("ws://", "http://") + "/healthz", timeout=5) as response:
+            assert response.status == 200
+    finally:
+        running.close()
