@@ -278,11 +278,11 @@ def run_wave(url: str, draft_path: Path, prompts, references, sessions: int, rou
 
 def run_load(target: Path, draft_path: Path, backend: str = "llamacpp", sessions: int = 32, rounds: int = 50,
              k: int = 4, max_tokens: int = 48, warmup_rounds: int = 4, pin_service: bool = False,
-             batch_tokens: int | None = None, replay: bool = False) -> LoadReport:
+             batch_tokens: int | None = None, replay: bool = False, n_prompts: int = len(PROMPTS)) -> LoadReport:
     service = Service(target, backend, max_sessions=sessions, pinned=pin_service, batch_tokens=batch_tokens)
     try:
         tokenizer = DraftModel(draft_path, n_ctx=1024, n_threads=1)
-        prompts = [tokenizer.tokenize(text) for text in PROMPTS]
+        prompts = [tokenizer.tokenize(text) for text in PROMPTS[:n_prompts]]
         references = reference_continuations(service.url, tokenizer, prompts, max_tokens)
         warm, _ = run_wave(service.url, draft_path, prompts, references, sessions, warmup_rounds, k, max_tokens,
                            replay=replay)
@@ -311,24 +311,36 @@ def run_load(target: Path, draft_path: Path, backend: str = "llamacpp", sessions
 
 
 def compare(target: Path, draft_path: Path, backend: str, session_counts: list[int], rounds: int, k: int,
-            max_tokens: int, batch_tokens: int, pin_service: bool = False, replay: bool = False) -> list[dict]:
-    """The queue and shared passes at each session count, one after the other, in one run."""
+            max_tokens: int, batch_tokens: int, pin_service: bool = False, replay: bool = False,
+            n_prompts: int = len(PROMPTS), repeat: int = 1) -> list[dict]:
+    """The queue and shared passes at each session count, alternating `repeat` times in one run
+    (a machine others use changes speed from minute to minute); each mode's row is its run of
+    median tokens/s."""
     rows = []
     for sessions in session_counts:
-        for mode, budget in (("queue", 0), ("batched", batch_tokens)):
-            report = run_load(target, draft_path, backend, sessions, rounds, k, max_tokens,
-                              pin_service=pin_service, batch_tokens=budget, replay=replay)
-            rows.append(dict(sessions=sessions, mode=mode, batch_tokens=budget, wall_s=report.wall_s,
-                             tokens=report.tokens, rounds=report.rounds,
-                             tokens_per_s=report.tokens / report.wall_s,
-                             passes_per_s=report.target_passes / report.wall_s,
-                             rounds_per_pass=report.rounds / max(report.target_passes, 1),
-                             round_trip_p50_ms=report.round_trip_s["p50"] * 1000,
-                             round_trip_p99_ms=report.round_trip_s["p99"] * 1000,
-                             queue_p50_ms=report.queue_s["p50"] * 1000,
-                             errors=len(report.errors), mismatches=len(report.mismatches),
-                             problems=(report.errors + report.mismatches)[:3]))
-            log_row(rows[-1])
+        runs: dict[str, list[dict]] = {"queue": [], "batched": []}
+        for _ in range(repeat):
+            for mode, budget in (("queue", 0), ("batched", batch_tokens)):
+                report = run_load(target, draft_path, backend, sessions, rounds, k, max_tokens,
+                                  pin_service=pin_service, batch_tokens=budget, replay=replay, n_prompts=n_prompts)
+                runs[mode].append(dict(
+                    sessions=sessions, mode=mode, batch_tokens=budget, wall_s=report.wall_s,
+                    tokens=report.tokens, rounds=report.rounds, tokens_per_s=report.tokens / report.wall_s,
+                    passes_per_s=report.target_passes / report.wall_s,
+                    rounds_per_pass=report.rounds / max(report.target_passes, 1),
+                    round_trip_p50_ms=report.round_trip_s["p50"] * 1000,
+                    round_trip_p99_ms=report.round_trip_s["p99"] * 1000,
+                    queue_p50_ms=report.queue_s["p50"] * 1000,
+                    errors=len(report.errors), mismatches=len(report.mismatches),
+                    problems=(report.errors + report.mismatches)[:3]))
+                log_row(runs[mode][-1])
+        for mode in ("queue", "batched"):
+            ordered = sorted(runs[mode], key=lambda row: row["tokens_per_s"])
+            median = dict(ordered[len(ordered) // 2])
+            median["errors"] = sum(row["errors"] for row in ordered)  # every run's replies are checked
+            median["mismatches"] = sum(row["mismatches"] for row in ordered)
+            median["problems"] = [problem for row in ordered for problem in row["problems"]][:3]
+            rows.append(median)
     return rows
 
 
@@ -385,6 +397,11 @@ def main() -> None:
     parser.add_argument("--replay", action="store_true",
                         help="clients send the reference's tokens as drafts, one changed at a random place "
                         "(no drafting on the client's side): the service's capacity alone")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="with --compare: run each mode N times, alternating, and keep the median")
+    parser.add_argument("--prompts", type=int, default=len(PROMPTS), choices=range(1, len(PROMPTS) + 1),
+                        metavar="N", help="use the first N prompts (their references are computed first: fewer "
+                        "for a large target on a CPU)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.attack:
@@ -412,7 +429,8 @@ def main() -> None:
             counts = [int(count) for count in args.compare.split(",")]
             rows = compare(Path(args.target), Path(args.draft), args.backend, counts, args.rounds, args.k,
                            args.max_tokens, args.batch_tokens if args.batch_tokens is not None else 256,
-                           pin_service=args.pin_service, replay=args.replay)
+                           pin_service=args.pin_service, replay=args.replay, n_prompts=args.prompts,
+                           repeat=args.repeat)
             if args.json:
                 print(json.dumps(rows, indent=1))
             else:
@@ -420,7 +438,7 @@ def main() -> None:
             return
         report = run_load(Path(args.target), Path(args.draft), args.backend, args.sessions, args.rounds, args.k,
                           args.max_tokens, pin_service=args.pin_service, batch_tokens=args.batch_tokens,
-                          replay=args.replay)
+                          replay=args.replay, n_prompts=args.prompts)
     if args.json:
         print(json.dumps(report.as_dict(), indent=1))
         return
