@@ -140,8 +140,9 @@ class Service:
     """`specwire serve` in a child process."""
 
     def __init__(self, target: Path, backend: str, max_sessions: int, pinned: bool = False,
-                 batch_tokens: int | None = None):
+                 batch_tokens: int | None = None, extra_args: tuple[str, ...] = ()):
         batching = [] if batch_tokens is None else ["--batch-tokens", str(batch_tokens)]
+        batching += list(extra_args)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "serve", "--target", str(target), "--backend", backend,
              "--port", "0", "--max-sessions", str(max_sessions), *batching,
@@ -278,8 +279,10 @@ def run_wave(url: str, draft_path: Path, prompts, references, sessions: int, rou
 
 def run_load(target: Path, draft_path: Path, backend: str = "llamacpp", sessions: int = 32, rounds: int = 50,
              k: int = 4, max_tokens: int = 48, warmup_rounds: int = 4, pin_service: bool = False,
-             batch_tokens: int | None = None, replay: bool = False, n_prompts: int = len(PROMPTS)) -> LoadReport:
-    service = Service(target, backend, max_sessions=sessions, pinned=pin_service, batch_tokens=batch_tokens)
+             batch_tokens: int | None = None, replay: bool = False, n_prompts: int = len(PROMPTS),
+             service_args: tuple[str, ...] = ()) -> LoadReport:
+    service = Service(target, backend, max_sessions=sessions, pinned=pin_service, batch_tokens=batch_tokens,
+                      extra_args=service_args)
     try:
         tokenizer = DraftModel(draft_path, n_ctx=1024, n_threads=1)
         prompts = [tokenizer.tokenize(text) for text in PROMPTS[:n_prompts]]
@@ -312,7 +315,7 @@ def run_load(target: Path, draft_path: Path, backend: str = "llamacpp", sessions
 
 def compare(target: Path, draft_path: Path, backend: str, session_counts: list[int], rounds: int, k: int,
             max_tokens: int, batch_tokens: int, pin_service: bool = False, replay: bool = False,
-            n_prompts: int = len(PROMPTS), repeat: int = 1) -> list[dict]:
+            n_prompts: int = len(PROMPTS), repeat: int = 1, service_args: tuple[str, ...] = ()) -> list[dict]:
     """The queue and shared passes at each session count, alternating `repeat` times in one run
     (a machine others use changes speed from minute to minute); each mode's row is its run of
     median tokens/s."""
@@ -322,7 +325,8 @@ def compare(target: Path, draft_path: Path, backend: str, session_counts: list[i
         for _ in range(repeat):
             for mode, budget in (("queue", 0), ("batched", batch_tokens)):
                 report = run_load(target, draft_path, backend, sessions, rounds, k, max_tokens,
-                                  pin_service=pin_service, batch_tokens=budget, replay=replay, n_prompts=n_prompts)
+                                  pin_service=pin_service, batch_tokens=budget, replay=replay, n_prompts=n_prompts,
+                                  service_args=service_args)
                 runs[mode].append(dict(
                     sessions=sessions, mode=mode, batch_tokens=budget, wall_s=report.wall_s,
                     tokens=report.tokens, rounds=report.rounds, tokens_per_s=report.tokens / report.wall_s,
@@ -397,6 +401,9 @@ def main() -> None:
     parser.add_argument("--replay", action="store_true",
                         help="clients send the reference's tokens as drafts, one changed at a random place "
                         "(no drafting on the client's side): the service's capacity alone")
+    parser.add_argument("--no-batch-invariant", action="store_true",
+                        help="serve with --no-batch-invariant (llama.cpp's batch-shaped fast kernels: replies may "
+                        "differ from the target alone at near-ties)")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="with --compare: run each mode N times, alternating, and keep the median")
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), choices=range(1, len(PROMPTS) + 1),
@@ -430,7 +437,8 @@ def main() -> None:
             rows = compare(Path(args.target), Path(args.draft), args.backend, counts, args.rounds, args.k,
                            args.max_tokens, args.batch_tokens if args.batch_tokens is not None else 256,
                            pin_service=args.pin_service, replay=args.replay, n_prompts=args.prompts,
-                           repeat=args.repeat)
+                           repeat=args.repeat,
+                           service_args=("--no-batch-invariant",) if args.no_batch_invariant else ())
             if args.json:
                 print(json.dumps(rows, indent=1))
             else:
