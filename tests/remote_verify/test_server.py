@@ -153,3 +153,58 @@ def test_a_session_finding_no_kv_memory_is_refused_with_a_retry_hint(tiny):
             assert response.status == 200
     finally:
         running.close()
+
+
+def test_a_seeded_sampled_session_draws_the_same_tokens_alone_and_beside_others(tiny):
+    """Sampling (temperature 0.9, seeded): a session's tokens are the same verified alone and
+    while five other sessions share its passes, since its logits keep their bits and its draws
+    are keyed by (seed, position), never by what else ran."""
+    import threading
+
+    from local_draft.draft_model import DraftModel
+    from local_draft.speculator import Speculator
+    from remote_verify.backends.llamacpp_backend import LlamaCppTarget
+    from tests.conftest import TINY_THREADS
+    from wire.protocol import SamplingParams
+
+    params = SamplingParams(temperature=0.9)
+    drafts = [DraftModel(tiny.draft, n_ctx=1024, n_threads=1) for _ in range(6)]
+    prompt = drafts[0].tokenize("def quicksort(arr):")
+    running = RunningService(LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=TINY_THREADS))
+
+    def sampled() -> list[int]:
+        client = VerifyClient(running.url, hello_for(drafts[0], params, seed=11))
+        try:
+            return Speculator(drafts[0], client, params, k=4, seed=5).generate(prompt, 60).token_ids
+        finally:
+            client.close()
+
+    done, problems = threading.Event(), []
+
+    def neighbour(index: int) -> None:
+        try:
+            client = VerifyClient(running.url, hello_for(drafts[index], params, seed=index))
+            speculator = Speculator(drafts[index], client, params, k=3 + index % 3, seed=index)
+            while not done.is_set():
+                speculator.generate(drafts[index].tokenize("The quick brown fox"), 30)
+            client.close()
+        except Exception as exc:  # reported below, never raised from a thread
+            problems.append(f"neighbour {index}: {type(exc).__name__}: {exc}")
+
+    try:
+        alone = sampled()
+        passes_alone, items_alone = running.service.queue.passes, running.service.queue.shared_items
+        threads = [threading.Thread(target=neighbour, args=(i,), daemon=True) for i in range(1, 6)]
+        for thread in threads:
+            thread.start()
+        beside = sampled()
+        done.set()
+        for thread in threads:
+            thread.join(60)
+        queue = running.service.queue
+        assert problems == []
+        assert beside == alone and len(alone) == 60
+        assert queue.shared_items - items_alone > 1.5 * (queue.passes - passes_alone)  # they did share passes
+    finally:
+        done.set()
+        running.close()
