@@ -59,6 +59,11 @@ class ServiceMetrics:
         self.queue_seconds = Histogram("specwire_queue_seconds", "time a request waited for the device",
                                        buckets=LATENCY_BUCKETS, registry=r)
         self.queue_depth = Gauge("specwire_queue_depth", "requests waiting for the device", registry=r)
+        self.target_passes = Gauge("specwire_target_passes", "forward passes run for rounds and streamed "
+                                   "tokens (several sessions' may share one), since the start", registry=r)
+        self.pass_members = Gauge("specwire_target_pass_members", "rounds and streamed tokens run in those "
+                                  "passes: divided by the passes, the sessions a pass served on average",
+                                  registry=r)
         self.streamed = Counter("specwire_streamed_tokens", "tokens made by server-only generation", registry=r)
         self.vocab_downloads = Counter("specwire_vocab_downloads", "vocabulary files sent (GET /vocab.gguf)",
                                        registry=r)

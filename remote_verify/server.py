@@ -3,8 +3,9 @@
 Plain HTTP on the same port: `/healthz` (200 once the target is loaded, 503 while it
 loads or drains) and `/metrics` (Prometheus). Auth and the admission limits are applied
 in `process_request`, before the upgrade. Each connection is one session; its model work
-goes through the device's queue (one worker thread, sessions in turn), so the event loop
-keeps answering pings, health checks and other clients while a forward pass runs.
+goes through the device's queue (one worker thread, sessions in turn, their rounds sharing
+forward passes), so the event loop keeps answering pings, health checks and other clients
+while a forward pass runs.
 
 SIGINT/SIGTERM drain: new sessions are refused, rounds in flight finish and are answered,
 then every connection is closed with 1001 (going away) and the client reconnects, to this
@@ -33,7 +34,7 @@ from websockets.http11 import Request, Response
 from websockets.protocol import State
 
 from remote_verify.access import bearer_problem
-from remote_verify.backends import TargetBackend
+from remote_verify.backends import CacheFull, TargetBackend
 from remote_verify.frames import BadFrame, FrameReader, frame_cost, hello_problems
 from remote_verify.idle import IdleClock
 from remote_verify.limits import TokenBucket
@@ -56,7 +57,7 @@ from wire.protocol import (
     encode,
     vocab_fingerprint,
 )
-from remote_verify.scheduler import DeviceQueue, QueueClosed
+from remote_verify.scheduler import BATCH_TOKENS, DeviceQueue, QueueClosed
 from remote_verify.session import Session, SessionError, SessionLimits
 from remote_verify.server_only import ServerOnlyStream
 from remote_verify import vocab_offer
@@ -81,6 +82,7 @@ class ServiceConfig:
     ping_interval_s: float = 20.0
     limits: SessionLimits = SessionLimits()  # per round: draft length, context
     service_limits: ServiceLimits = ServiceLimits()  # per service and connection
+    batch_tokens: int = BATCH_TOKENS  # budget of a forward pass shared by sessions; 0: one session a pass
 
 
 class TargetLoadError(RuntimeError):
@@ -101,8 +103,10 @@ class VerifyService:
         self.state = "loading"  # then "ready", then "draining"
         self.port: int | None = None  # once listening
         self.metrics = ServiceMetrics()
-        self.queue = DeviceQueue("target")  # one per device
+        self.queue = DeviceQueue("target", config.batch_tokens)  # one per device
         self.metrics.queue_depth.set_function(lambda: self.queue.depth)
+        self.metrics.target_passes.set_function(lambda: self.queue.passes)
+        self.metrics.pass_members.set_function(lambda: self.queue.shared_items)
         self.sessions: dict[str, Session] = {}
         self._connections: dict[str, ServerConnection] = {}
         self._busy: set[str] = set()  # sessions with a round in flight
@@ -354,7 +358,7 @@ class VerifyService:
                          seq=seq, fatal=True)
 
     async def _verify(self, session: Session, request: Verify, arrived: float):
-        verdict, queue_s = await self.queue.run(session.id, partial(session.verify, request), arrived)
+        verdict, queue_s = await self.queue.run(session.id, session.verify_work(request), arrived)
         verdict.queue_s = queue_s
         self.metrics.record_round(len(request.draft), verdict.accepted, verdict.forward_s + verdict.accept_s,
                                   queue_s)
@@ -408,6 +412,12 @@ class VerifyService:
             session, _ = await self.queue.run(opening, partial(Session, backend, hello.sampling, hello.seed,
                                                                self.limits))
         except QueueClosed:
+            return None
+        except CacheFull as exc:
+            log.warning("refused a session: %s", exc)
+            await self._refuse(ws, CLOSE_GOING_AWAY, "sessions_full",
+                               f"the service has no KV memory for another session now: retry in "
+                               f"{self.guard.retry_after_s:g} s, or use another replica")
             return None
         self.sessions[session.id] = session  # registered before the client can use it
         self._connections[session.id] = ws
