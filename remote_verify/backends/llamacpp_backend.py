@@ -8,9 +8,12 @@ needs), so the weights are read once for all of them; a roll back removes one se
 positions (`llama_memory_seq_rm`), no recompute. The service calls this from its single
 worker thread only.
 
-KV memory: a pool is allocated whole (slots x max_context cells, float32 keys and values)
+KV memory: a pool is allocated whole (its slots x max_context cells, float32 keys and values)
 when a session finds no free slot, and freed when its last session closes, so memory grows
-and shrinks by pools; the service's --max-sessions bounds the number of pools. A pool that
+and shrinks by pools. Pools grow as sessions come: the first holds one session, each next one
+as many as all before it, up to `slots` (1, 1, 2, 4, 8, 8, ...), so a service with one user
+(the chat's embedded service) holds one session's cache and no more, and a busy one at most
+about twice what its sessions use; the service's --max-sessions bounds the number of pools. A pool that
 cannot be allocated refuses the new session (`CacheFull`: the client is told the service's
 KV memory is full and when to retry); sessions already open are never evicted.
 
@@ -70,8 +73,7 @@ def has_llamafile_kernels() -> bool:
     return bool(probe()) if probe is not None else False
 
 
-SLOTS = 8  # sessions per KV pool: memory grows by this many caches at a time, and a pass reads
-# the weights once per pool it touches
+SLOTS = 8  # sessions in the largest KV pool: a pass reads the weights once per pool it touches
 
 
 class KvPool:
@@ -98,11 +100,13 @@ class LlamaCache:
 
 class LlamaCppTarget:
     def __init__(self, path: str | Path, max_context: int = 4096, gpu_layers: int = -1,
-                 n_threads: int | None = None, batch_invariant: bool = True, slots: int = SLOTS):
+                 n_threads: int | None = None, batch_invariant: bool = True, slots: int = SLOTS,
+                 grow: bool = True):
         if slots < 1:
             raise ValueError(f"a KV pool needs at least one slot, got {slots}")
         self.path = Path(path)
-        self.slots = slots
+        self.slots = slots  # the largest pool
+        self.grow = grow  # pools of 1, 1, 2, 4, ... up to `slots` (False: every pool of `slots`)
         self._pools: list[KvPool] = []
         if not self.path.is_file():
             raise FileNotFoundError(f"the llama.cpp backend needs a GGUF file; {self.path} is not one")
@@ -139,18 +143,21 @@ class LlamaCppTarget:
         """The lowest free slot of the first pool that has one; a new pool when none has."""
         pool = next((pool for pool in self._pools if pool.free), None)
         if pool is None:
-            pool = KvPool(self._new_context(), self.slots)
+            size = self.slots
+            if self.grow:  # as many as the pools so far hold: memory follows the sessions
+                size = min(self.slots, max(1, sum(pool.slots for pool in self._pools)))
+            pool = KvPool(self._new_context(size), size)
             self._pools.append(pool)
         seq = pool.free.pop(0)
         llama_cpp.llama_memory_seq_rm(pool.memory, seq, -1, -1)  # what a previous session left
         return LlamaCache(pool, seq)
 
-    def context_params(self) -> llama_cpp.llama_context_params:
+    def context_params(self, slots: int) -> llama_cpp.llama_context_params:
         """A pool's llama.cpp context: `slots` sequences, each in a KV stream of max_context cells."""
         params = llama_cpp.llama_context_default_params()
-        params.n_seq_max = self.slots
+        params.n_seq_max = slots
         params.kv_unified = False  # a KV stream per sequence: see the module docstring
-        params.n_ctx = self.slots * self.max_context  # split evenly between the streams
+        params.n_ctx = slots * self.max_context  # split evenly between the streams
         params.n_batch = N_BATCH
         params.n_ubatch = N_BATCH
         params.n_threads = params.n_threads_batch = self.n_threads
@@ -162,13 +169,14 @@ class LlamaCppTarget:
         params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         return params
 
-    def _new_context(self) -> LlamaContext:
-        params = self.context_params()
+    def _new_context(self, slots: int) -> LlamaContext:
+        params = self.context_params(slots)
         try:
             return LlamaContext(model=self.model, params=params, verbose=False)
         except Exception as exc:  # llama.cpp could not allocate the pool's KV memory
-            raise CacheFull(f"the target's KV memory is full ({len(self._pools)} pools of {self.slots} "
-                            f"sessions of {self.max_context} tokens): {exc}") from exc
+            held = sum(pool.slots for pool in self._pools)
+            raise CacheFull(f"the target's KV memory is full ({held} sessions of {self.max_context} tokens "
+                            f"in {len(self._pools)} pools): {exc}") from exc
 
     def forward(self, cache: LlamaCache, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         return self.forward_many([Pass(cache, tokens, n_logits)])[0]

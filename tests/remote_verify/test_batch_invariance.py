@@ -140,8 +140,8 @@ class UnifiedKvTarget(LlamaCppTarget):
     """The control: one KV cache shared by the pool's sequences (llama.cpp's default), where a
     session's cells sit between its neighbours'. Not used by the service."""
 
-    def context_params(self):
-        params = super().context_params()
+    def context_params(self, slots):
+        params = super().context_params(slots)
         params.kv_unified, params.n_ctx = True, self.max_context
         return params
 
@@ -154,12 +154,12 @@ def test_a_session_scores_the_same_alone_and_beside_seven_others(tiny):
     taken in another order."""
     single = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, slots=1)
     alone = scripted_session(single, single.new_cache())
-    pooled = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, slots=8)
+    pooled = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, slots=8, grow=False)
     beside = beside_seven_others(pooled)
     for round_, (a, b) in enumerate(zip(alone, beside)):
         assert differing_rows(a, b) == [], f"round {round_}: largest gap {np.abs(a - b).max():.3g}"
     assert pooled.batch_invariant
-    unified = beside_seven_others(UnifiedKvTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, slots=8))
+    unified = beside_seven_others(UnifiedKvTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, slots=8, grow=False))
     assert any(differing_rows(a, b) for a, b in zip(alone, unified)), "a unified cache gave the same bits"
 
 
@@ -192,6 +192,21 @@ def test_the_default_target_scores_a_session_the_same_beside_seven_others():
     fetch_chunks(QWEN_CODER.target.chunks, path)
     single = LlamaCppTarget(path, gpu_layers=0, max_context=512, slots=1)
     alone = scripted_session(single, single.new_cache())
-    beside = beside_seven_others(LlamaCppTarget(path, gpu_layers=0, max_context=512, slots=8))
+    beside = beside_seven_others(LlamaCppTarget(path, gpu_layers=0, max_context=512, slots=8, grow=False))
     for round_, (a, b) in enumerate(zip(alone, beside)):
         assert differing_rows(a, b) == [], f"round {round_}: largest gap {np.abs(a - b).max():.3g}"
+
+
+def test_kv_pools_grow_with_the_sessions(tiny):
+    """Pools hold 1, 1, 2, 4, then 8 sessions: one session reserves one cache, not a pool of
+    eight; a pool whose sessions all closed is given back."""
+    target = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, max_context=256, slots=8)
+    caches = [target.new_cache() for _ in range(9)]
+    assert [pool.slots for pool in target._pools] == [1, 1, 2, 4, 8]
+    assert len({(id(cache.pool), cache.seq) for cache in caches}) == 9
+    for cache in caches[1:]:
+        target.release(cache)
+    assert [pool.slots for pool in target._pools] == [1]
+    fixed = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, max_context=256, slots=8, grow=False)
+    fixed.new_cache()
+    assert [pool.slots for pool in fixed._pools] == [8]

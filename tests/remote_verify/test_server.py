@@ -135,8 +135,8 @@ def test_a_session_finding_no_kv_memory_is_refused_with_a_retry_hint(tiny):
     from tests.conftest import TINY_THREADS
 
     class NoMemoryTarget(LlamaCppTarget):
-        def context_params(self):
-            params = super().context_params()
+        def context_params(self, slots):
+            params = super().context_params(slots)
             params.n_seq_max = 100_000  # over LLAMA_MAX_SEQ: llama.cpp refuses the context
             return params
 
