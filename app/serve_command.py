@@ -17,9 +17,9 @@ from pathlib import Path
 
 from app.model_paths import resolve_model
 from app.token_file import read_token_file
-from app.threads_flags import threads_flag
+from app.threads_flags import add_service_threads_argument
 from app.user_error import UserError
-from wire.limits import ServiceLimits
+from wire.limits import BATCH_TOKENS, ServiceLimits
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +44,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "greedy output equals the target alone even at near-ties (default: on for llamacpp, "
                        "whose invariant kernels cost a share of each pass; off for torch, where it means "
                        "one pass per token; onnx has no such mode)")
+    serve.add_argument("--torch-static", action="store_true",
+                       default=env("SPECWIRE_TORCH_STATIC", "") not in ("", "0"),
+                       help="torch backend: a static KV cache with a slot per session (--max-sessions slots of "
+                       "--max-context positions), one forward for several sessions' passes, CUDA graphs "
+                       "and bfloat16 on a GPU")
+    serve.add_argument("--batch-tokens", type=int, default=int(env("SPECWIRE_BATCH_TOKENS", BATCH_TOKENS)),
+                       metavar="N", help="run the waiting sessions' rounds (one each, in turn) as one forward "
+                       "pass of up to N tokens; 0 runs one session's round a pass (default: %(default)s)")
+    serve.add_argument("--no-batch", dest="batch_tokens", action="store_const", const=0,
+                       help="one session's round a pass: the same as --batch-tokens 0")
     serve.add_argument("--max-draft", type=int, default=32, help="longest draft block per round (default: %(default)s)")
     serve.add_argument("--max-context", type=int, default=4096,
                        help="longest history per session (default: %(default)s)")
-    serve.add_argument("--threads", type=threads_flag, default=env("SPECWIRE_THREADS"),
-                       help="llama.cpp threads of the llamacpp backend (default: the physical cores this "
-                            "process may use; give fewer when a drafter shares the machine)")
+    add_service_threads_argument(serve)
     serve.add_argument("--exit-with-parent", action="store_true",
                        help="stop when standard input closes (the program that started the service exited)")
     add_service_arguments(serve)
@@ -122,14 +130,17 @@ def run_serve(args: argparse.Namespace) -> int:
         except (OSError, ssl.SSLError) as exc:
             raise UserError(f"cannot use the TLS certificate {args.tls_cert} with the key {args.tls_key}: "
                             f"{exc.strerror or exc}") from exc
+    if args.batch_tokens < 0:
+        raise UserError(f"--batch-tokens must be 0 (one session a pass) or more, got {args.batch_tokens}")
     target = resolve_model(args.target, args.pair, "target")
     if not Path(target).exists():
         raise UserError(f"no target model at {target}")
     config = ServiceConfig(host=args.host, port=args.port, token=token, tls=tls,
                            limits=SessionLimits(max_draft=args.max_draft, max_context=args.max_context),
-                           service_limits=limits)
+                           service_limits=limits, batch_tokens=args.batch_tokens)
     service = VerifyService(lambda: load_backend(args.backend, target, device=args.device, threads=args.threads,
-                                                     batch_invariant=args.batch_invariant), config)
+                                                 batch_invariant=args.batch_invariant, torch_static=args.torch_static,
+                                                 sessions=args.max_sessions, max_context=args.max_context), config)
 
     def announce(url: str) -> None:
         print(f"listening on {url}", flush=True)

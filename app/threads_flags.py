@@ -1,14 +1,28 @@
 """Thread-count flags: `serve --threads` and the client commands' `--draft-threads`, checked once.
 
-The defaults and the rule behind them are in wire/threads.py.
+A count not given on the command line comes from the environment (`SPECWIRE_THREADS`,
+`SPECWIRE_DRAFT_THREADS`), then from the config file's `[threads]` table, then from the
+thread plan (wire/threads.py):
+
+    [threads]
+    draft = 1      # the drafter's llama.cpp threads (generate, chat, demo, bench)
+    service = 2    # `specwire serve`'s llama.cpp threads (a service that chat, demo or bench
+                   # start beside their drafter gets the physical cores the drafter leaves)
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import tomllib
+from pathlib import Path
 
 from wire.threads import DRAFT_THREADS, thread_count
+
+# The flags' default: a string, so that argparse runs it through the flag's type at parse
+# time, and only for the command being run (a broken config file does not stop `models list`).
+NOT_GIVEN = "(environment, config file or thread plan)"
+THREAD_SETTINGS = {"draft": "SPECWIRE_DRAFT_THREADS", "service": "SPECWIRE_THREADS"}
 
 
 def threads_flag(text: str) -> int:
@@ -19,9 +33,63 @@ def threads_flag(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def configured_threads(setting: str, path: Path | None = None) -> int | None:
+    """The `[threads]` count named `setting` ("draft" or "service"): the environment's, else the
+    config file's, else None (the plan decides). A wrong value names where it came from."""
+    variable = THREAD_SETTINGS[setting]
+    if (text := os.environ.get(variable)) is not None:
+        try:
+            return thread_count(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"${variable}: {exc}") from None
+    from models.registry import config_path
+
+    path = path or config_path()
+    if not path.is_file():
+        return None
+    try:
+        table = tomllib.loads(path.read_text(encoding="utf-8")).get("threads", {})
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise argparse.ArgumentTypeError(f"cannot read the config file {path}: {exc}") from None
+    unknown = set(table) - set(THREAD_SETTINGS)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"{path}: [threads] has no setting {', '.join(sorted(unknown))} "
+                                         f"(there are {', '.join(THREAD_SETTINGS)})")
+    if setting not in table:
+        return None
+    value = table[setting]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise argparse.ArgumentTypeError(f"{path}: [threads] {setting} must be a whole number, got {value!r}")
+    try:
+        return thread_count(str(value))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{path}: [threads] {setting}: {exc}") from None
+
+
+def _draft_threads_flag(text: str) -> int:
+    if text == NOT_GIVEN:
+        configured = configured_threads("draft")
+        return DRAFT_THREADS if configured is None else configured
+    return threads_flag(text)
+
+
+def _service_threads_flag(text: str) -> int | None:
+    if text == NOT_GIVEN:
+        return configured_threads("service")  # None: the backend takes the physical cores
+    return threads_flag(text)
+
+
 def add_draft_threads_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """--draft-threads (default: $SPECWIRE_DRAFT_THREADS, else 1)."""
-    parser.add_argument("--draft-threads", type=threads_flag,
-                        default=os.environ.get("SPECWIRE_DRAFT_THREADS", str(DRAFT_THREADS)),
-                        help="llama.cpp threads of the draft model (default: %(default)s; a small drafter "
-                             "gains little from more, and a service on the same machine needs the rest)")
+    """--draft-threads (default: $SPECWIRE_DRAFT_THREADS, else [threads] draft, else 1)."""
+    parser.add_argument("--draft-threads", type=_draft_threads_flag, default=NOT_GIVEN,
+                        help=f"llama.cpp threads of the draft model (default: $SPECWIRE_DRAFT_THREADS, else "
+                             f"the config file's [threads] draft, else {DRAFT_THREADS}: a small drafter gains "
+                             "little from more, and a service on the same machine needs the rest)")
+
+
+def add_service_threads_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """serve --threads (default: $SPECWIRE_THREADS, else [threads] service, else the physical cores)."""
+    parser.add_argument("--threads", type=_service_threads_flag, default=NOT_GIVEN,
+                        help="llama.cpp threads of the llamacpp backend (default: $SPECWIRE_THREADS, else the "
+                             "config file's [threads] service, else the physical cores this process may use; "
+                             "give fewer when a drafter shares the machine)")

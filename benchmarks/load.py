@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.load [--sessions 32] [--rounds 50] [--k 4]
                                         [--backend llamacpp|torch] [--attack N] [--json]
+                                        [--batch-tokens N] [--compare 1,4,8,16,32]
 
 Builds the tiny models in a temporary folder (or takes --target/--draft), starts
 `specwire serve` as a child process, and computes each prompt's reference continuation
@@ -14,6 +15,13 @@ reference. Prints verify latency percentiles (round trip at the client, time que
 the device, the service's forward pass and acceptance), errors, and the service's
 resident memory before, at the peak of, and after the wave. `--attack N` runs the load
 alone and then beside N attacking connections instead (benchmarks/attack.py).
+
+`--compare 1,4,8,16,32` runs the load at each session count twice, side by side in one
+run: the queue (`serve --batch-tokens 0`, one session's round a pass) and shared passes
+(`--batch-tokens`, default 256). It prints, for each, the aggregate verified tokens/s (tokens
+of every reply over the wave's wall time), target passes/s (the service's own count), the
+sessions a pass served on average, p50/p99 round trip, and the replies that differ from the
+target alone; ratios are what to read on a machine others share.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -33,7 +42,7 @@ from pathlib import Path
 from local_draft.draft_model import DraftModel
 from local_draft.speculator import Speculator
 from local_draft.verify_client import VerifyClient
-from wire.protocol import Hello, SamplingParams, Verify
+from wire.protocol import Hello, SamplingParams, Sync, Verify
 
 PROMPTS = [  # short and varied: each session cycles through them from its own offset
     "def quicksort(arr):", "import numpy as np", "class Stack:", "for i in range(10):",
@@ -94,6 +103,8 @@ class TimedClient(VerifyClient):
 class SessionResult:
     rounds: int = 0
     generations: int = 0
+    tokens: int = 0  # in all its replies
+    finished: float = 0.0  # time.perf_counter() when its last reply was done
     mismatches: list[str] = field(default_factory=list)
     error: str | None = None
     samples: list[tuple[float, float, float]] = field(default_factory=list)
@@ -115,6 +126,9 @@ class LoadReport:
     rss_peak_mib: float
     rss_after_mib: float
     sessions_open_after: float
+    tokens: int = 0  # in every reply of the measured wave
+    target_passes: float = 0.0  # forward passes the service ran in the measured wave
+    batch_tokens: int | None = None  # the service's --batch-tokens (None: its default)
     prompts: list[list[int]] = field(default_factory=list)
     references: list[list[int]] = field(default_factory=list)  # each prompt continued by the target alone
 
@@ -125,10 +139,14 @@ class LoadReport:
 class Service:
     """`specwire serve` in a child process."""
 
-    def __init__(self, target: Path, backend: str, max_sessions: int, pinned: bool = False):
+    def __init__(self, target: Path, backend: str, max_sessions: int, pinned: bool = False,
+                 batch_tokens: int | None = None, extra_args: tuple[str, ...] = ()):
+        batching = [] if batch_tokens is None else ["--batch-tokens", str(batch_tokens)]
+        batching += list(extra_args)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "serve", "--target", str(target), "--backend", backend,
-             "--port", "0", "--max-sessions", str(max_sessions), "--exit-with-parent"],  # gone when we are
+             "--port", "0", "--max-sessions", str(max_sessions), *batching,
+             "--exit-with-parent"],  # gone when we are
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=pin_to_one_cpu if pinned else None)
         line = self.process.stdout.readline()
         if not line.startswith("listening on "):
@@ -169,20 +187,57 @@ def reference_continuations(url: str, draft: DraftModel, prompts: list[list[int]
         client.close()
 
 
+class ReplayedDrafts:
+    """A drafter that costs the client nothing: each block is the reference's next k tokens with
+    one of them (or none) changed, the position drawn per round, so that a round accepts 0 to k
+    tokens (k on average / 2) while the service does all the work a real drafter's rounds ask
+    of it. Isolates the service's capacity from the clients' drafting on a shared machine."""
+
+    def __init__(self, client: VerifyClient, k: int, seed: int, vocab_size: int):
+        self.client, self.k, self.vocab_size = client, k, vocab_size
+        self.rng = random.Random(seed)
+        self.seq = 0
+
+    def generate(self, prompt: list[int], reference: list[int]) -> tuple[list[int], int]:
+        """(the tokens the service committed after `prompt`, rounds)."""
+        self.seq += 1
+        self.client.sync(Sync(seq=self.seq, tokens=[]))  # each reply starts a fresh history
+        out: list[int] = []
+        rounds = 0
+        while len(out) < len(reference):
+            draft = list(reference[len(out):len(out) + self.k])
+            wrong = self.rng.randrange(len(draft) + 1)  # == len(draft): the block is all right
+            if wrong < len(draft):
+                draft[wrong] = (draft[wrong] + 1) % self.vocab_size
+            self.seq += 1
+            verdict = self.client.verify(Verify(seq=self.seq, committed_len=len(prompt) + len(out) if out else 0,
+                                                append=[] if out else list(prompt), draft=draft))
+            out += draft[:verdict.accepted] + [verdict.token]
+            rounds += 1
+        return out[:len(reference)], rounds
+
+
 def _run_session(index: int, url: str, draft: DraftModel, prompts: list[list[int]], references: list[list[int]],
-                 rounds: int, k: int, max_tokens: int, start: threading.Barrier, result: SessionResult) -> None:
+                 rounds: int, k: int, max_tokens: int, start: threading.Barrier, result: SessionResult,
+                 replay: bool = False) -> None:
     client = None
     try:
         client = TimedClient(url, hello_for(draft), stall_timeout_s=120.0)
         speculator = Speculator(draft, client, SamplingParams(), k=k)
+        replayed = ReplayedDrafts(client, k, seed=index, vocab_size=draft.vocab_size)
         start.wait()
         while result.rounds < rounds:
             which = (index + result.generations) % len(prompts)
-            generation = speculator.generate(prompts[which], max_tokens)
-            result.rounds += generation.stats.rounds
+            if replay:
+                token_ids, made_in = replayed.generate(prompts[which], references[which])
+            else:
+                generation = speculator.generate(prompts[which], max_tokens)
+                token_ids, made_in = generation.token_ids, generation.stats.rounds
+            result.rounds += made_in
             result.generations += 1
-            if generation.token_ids != references[which]:
-                result.mismatches.append(f"session {index}, prompt {which}: {generation.token_ids} != "
+            result.tokens += len(token_ids)
+            if token_ids != references[which]:
+                result.mismatches.append(f"session {index}, prompt {which}: {token_ids} != "
                                          f"{references[which]}")
     except threading.BrokenBarrierError:
         result.error = f"session {index}: another session failed before the start"
@@ -190,13 +245,14 @@ def _run_session(index: int, url: str, draft: DraftModel, prompts: list[list[int
         result.error = f"session {index}: {type(exc).__name__}: {exc}"
         start.abort()
     finally:
+        result.finished = time.perf_counter()
         if client is not None:
             result.samples = client.samples
             client.close()
 
 
 def run_wave(url: str, draft_path: Path, prompts, references, sessions: int, rounds: int, k: int,
-             max_tokens: int, on_tick=None) -> tuple[list[SessionResult], float]:
+             max_tokens: int, on_tick=None, replay: bool = False) -> tuple[list[SessionResult], float]:
     """`sessions` concurrent sessions, started together; returns their results and the wall time."""
     results = [SessionResult() for _ in range(sessions)]
     # Loaded here, one after another: llama-cpp-python silences a load by redirecting the
@@ -204,7 +260,8 @@ def run_wave(url: str, draft_path: Path, prompts, references, sessions: int, rou
     drafts = [DraftModel(draft_path, n_ctx=1024, n_threads=1) for _ in range(sessions)]  # many share 2 cores
     start = threading.Barrier(sessions + 1)
     threads = [threading.Thread(target=_run_session, daemon=True,
-                                args=(i, url, drafts[i], prompts, references, rounds, k, max_tokens, start, results[i]))
+                                args=(i, url, drafts[i], prompts, references, rounds, k, max_tokens, start, results[i],
+                                      replay))
                for i in range(sessions)]
     for thread in threads:
         thread.start()
@@ -217,23 +274,29 @@ def run_wave(url: str, draft_path: Path, prompts, references, sessions: int, rou
         if on_tick is not None:
             on_tick()
         time.sleep(0.05)
-    return results, time.perf_counter() - began
+    return results, max(result.finished for result in results) - began  # not rounded to the 50 ms ticks
 
 
 def run_load(target: Path, draft_path: Path, backend: str = "llamacpp", sessions: int = 32, rounds: int = 50,
-             k: int = 4, max_tokens: int = 48, warmup_rounds: int = 4, pin_service: bool = False) -> LoadReport:
-    service = Service(target, backend, max_sessions=sessions, pinned=pin_service)
+             k: int = 4, max_tokens: int = 48, warmup_rounds: int = 4, pin_service: bool = False,
+             batch_tokens: int | None = None, replay: bool = False, n_prompts: int = len(PROMPTS),
+             service_args: tuple[str, ...] = ()) -> LoadReport:
+    service = Service(target, backend, max_sessions=sessions, pinned=pin_service, batch_tokens=batch_tokens,
+                      extra_args=service_args)
     try:
         tokenizer = DraftModel(draft_path, n_ctx=1024, n_threads=1)
-        prompts = [tokenizer.tokenize(text) for text in PROMPTS]
+        prompts = [tokenizer.tokenize(text) for text in PROMPTS[:n_prompts]]
         references = reference_continuations(service.url, tokenizer, prompts, max_tokens)
-        warm, _ = run_wave(service.url, draft_path, prompts, references, sessions, warmup_rounds, k, max_tokens)
+        warm, _ = run_wave(service.url, draft_path, prompts, references, sessions, warmup_rounds, k, max_tokens,
+                           replay=replay)
         wait_until_closed(service)
         before = service.rss()
         peak = [before]
+        passes_before = service.metric("specwire_target_passes")
         results, wall = run_wave(service.url, draft_path, prompts, references, sessions, rounds, k, max_tokens,
-                                 on_tick=lambda: peak.append(service.rss()))
+                                 on_tick=lambda: peak.append(service.rss()), replay=replay)
         open_after = wait_until_closed(service)
+        passes = service.metric("specwire_target_passes") - passes_before
         after = service.rss()
     finally:
         service.close()
@@ -246,7 +309,67 @@ def run_load(target: Path, draft_path: Path, backend: str = "llamacpp", sessions
         round_trip_s=percentiles([s[0] for s in samples]), queue_s=percentiles([s[1] for s in samples]),
         service_s=percentiles([s[2] for s in samples]),
         rss_before_mib=before / MIB, rss_peak_mib=max(peak) / MIB, rss_after_mib=after / MIB,
-        sessions_open_after=open_after, prompts=prompts, references=references)
+        sessions_open_after=open_after, tokens=sum(r.tokens for r in results), target_passes=passes,
+        batch_tokens=batch_tokens, prompts=prompts, references=references)
+
+
+def compare(target: Path, draft_path: Path, backend: str, session_counts: list[int], rounds: int, k: int,
+            max_tokens: int, batch_tokens: int, pin_service: bool = False, replay: bool = False,
+            n_prompts: int = len(PROMPTS), repeat: int = 1, service_args: tuple[str, ...] = ()) -> list[dict]:
+    """The queue and shared passes at each session count, alternating `repeat` times in one run
+    (a machine others use changes speed from minute to minute); each mode's row is its run of
+    median tokens/s."""
+    rows = []
+    for sessions in session_counts:
+        runs: dict[str, list[dict]] = {"queue": [], "batched": []}
+        for _ in range(repeat):
+            for mode, budget in (("queue", 0), ("batched", batch_tokens)):
+                report = run_load(target, draft_path, backend, sessions, rounds, k, max_tokens,
+                                  pin_service=pin_service, batch_tokens=budget, replay=replay, n_prompts=n_prompts,
+                                  service_args=service_args)
+                runs[mode].append(dict(
+                    sessions=sessions, mode=mode, batch_tokens=budget, wall_s=report.wall_s,
+                    tokens=report.tokens, rounds=report.rounds, tokens_per_s=report.tokens / report.wall_s,
+                    passes_per_s=report.target_passes / report.wall_s,
+                    rounds_per_pass=report.rounds / max(report.target_passes, 1),
+                    round_trip_p50_ms=report.round_trip_s["p50"] * 1000,
+                    round_trip_p99_ms=report.round_trip_s["p99"] * 1000,
+                    queue_p50_ms=report.queue_s["p50"] * 1000,
+                    errors=len(report.errors), mismatches=len(report.mismatches),
+                    problems=(report.errors + report.mismatches)[:3]))
+                log_row(runs[mode][-1])
+        for mode in ("queue", "batched"):
+            ordered = sorted(runs[mode], key=lambda row: row["tokens_per_s"])
+            median = dict(ordered[len(ordered) // 2])
+            median["errors"] = sum(row["errors"] for row in ordered)  # every run's replies are checked
+            median["mismatches"] = sum(row["mismatches"] for row in ordered)
+            median["problems"] = [problem for row in ordered for problem in row["problems"]][:3]
+            rows.append(median)
+    return rows
+
+
+def log_row(row: dict) -> None:
+    print(f"  {row['sessions']:>3} sessions {row['mode']:>8}: {row['tokens_per_s']:8.1f} tokens/s "
+          f"{row['passes_per_s']:7.1f} passes/s  rounds/pass {row['rounds_per_pass']:5.2f}  round trip p50 "
+          f"{row['round_trip_p50_ms']:7.1f} p99 {row['round_trip_p99_ms']:7.1f} ms  differing {row['mismatches']}, "
+          f"errors {row['errors']}", file=sys.stderr, flush=True)
+
+
+def print_comparison(rows: list[dict], k: int) -> None:
+    print(f"k = {k}; queue: one session's round a pass; batched: the waiting sessions' rounds share a pass")
+    print("sessions | mode    | tokens/s | passes/s | rounds/pass | round trip p50 / p99 ms | "
+          "differing replies | errors")
+    for row in rows:
+        print(f"{row['sessions']:>8} | {row['mode']:<7} | {row['tokens_per_s']:8.1f} | {row['passes_per_s']:8.1f} | "
+              f"{row['rounds_per_pass']:11.2f} | {row['round_trip_p50_ms']:10.1f} / {row['round_trip_p99_ms']:8.1f} | "
+              f"{row['mismatches']:>17} | {row['errors']:>6}")
+    print("batched / queue at each session count:")
+    for queue, batched in zip(rows[::2], rows[1::2]):
+        print(f"  {queue['sessions']:>3} sessions: tokens/s x{batched['tokens_per_s'] / queue['tokens_per_s']:.2f}, "
+              f"p99 round trip x{batched['round_trip_p99_ms'] / queue['round_trip_p99_ms']:.2f}")
+    for row in rows:
+        for problem in row["problems"]:
+            print(f"  {row['sessions']} {row['mode']}: {problem}")
 
 
 def wait_until_closed(service: Service, timeout_s: float = 30.0) -> float:
@@ -270,6 +393,22 @@ def main() -> None:
     parser.add_argument("--attack", type=int, default=0, metavar="N",
                         help="instead: the load alone and beside N attacking connections, then the memory "
                         "attack (benchmarks/attack.py; tiny models, llama.cpp)")
+    parser.add_argument("--batch-tokens", type=int, default=None, metavar="N",
+                        help="the service's --batch-tokens (default: its own; with --compare: 256)")
+    parser.add_argument("--compare", metavar="COUNTS",
+                        help="instead: the queue against shared passes at each of these session counts "
+                        "(comma-separated, e.g. 1,4,8,16,32), side by side")
+    parser.add_argument("--replay", action="store_true",
+                        help="clients send the reference's tokens as drafts, one changed at a random place "
+                        "(no drafting on the client's side): the service's capacity alone")
+    parser.add_argument("--no-batch-invariant", action="store_true",
+                        help="serve with --no-batch-invariant (llama.cpp's batch-shaped fast kernels: replies may "
+                        "differ from the target alone at near-ties)")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="with --compare: run each mode N times, alternating, and keep the median")
+    parser.add_argument("--prompts", type=int, default=len(PROMPTS), choices=range(1, len(PROMPTS) + 1),
+                        metavar="N", help="use the first N prompts (their references are computed first: fewer "
+                        "for a large target on a CPU)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.attack:
@@ -293,8 +432,21 @@ def main() -> None:
             tiny = build_tiny_models(Path(folder), seed=0)
             target = tiny.target_gguf if args.backend == "llamacpp" else tiny.target
             args.target, args.draft = args.target or target, args.draft or tiny.draft
+        if args.compare:
+            counts = [int(count) for count in args.compare.split(",")]
+            rows = compare(Path(args.target), Path(args.draft), args.backend, counts, args.rounds, args.k,
+                           args.max_tokens, args.batch_tokens if args.batch_tokens is not None else 256,
+                           pin_service=args.pin_service, replay=args.replay, n_prompts=args.prompts,
+                           repeat=args.repeat,
+                           service_args=("--no-batch-invariant",) if args.no_batch_invariant else ())
+            if args.json:
+                print(json.dumps(rows, indent=1))
+            else:
+                print_comparison(rows, args.k)
+            return
         report = run_load(Path(args.target), Path(args.draft), args.backend, args.sessions, args.rounds, args.k,
-                          args.max_tokens, pin_service=args.pin_service)
+                          args.max_tokens, pin_service=args.pin_service, batch_tokens=args.batch_tokens,
+                          replay=args.replay, n_prompts=args.prompts)
     if args.json:
         print(json.dumps(report.as_dict(), indent=1))
         return

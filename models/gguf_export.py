@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import gguf
 import numpy as np
@@ -61,28 +61,12 @@ def write_qwen2_gguf(
     Matrices are stored as `matrix_type`, except those named in `f16_tensors`.
     """
     writer = gguf.GGUFWriter(str(path), "qwen2")
-    writer.add_name(name)
-    writer.add_context_length(int(config["max_position_embeddings"]))
-    writer.add_embedding_length(int(config["hidden_size"]))
-    writer.add_block_count(int(config["num_hidden_layers"]))
-    writer.add_feed_forward_length(int(config["intermediate_size"]))
-    writer.add_head_count(int(config["num_attention_heads"]))
-    writer.add_head_count_kv(int(config["num_key_value_heads"]))
-    writer.add_rope_freq_base(float(config["rope_theta"]))
-    writer.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
+    add_qwen2_hyperparameters(writer, config, name)
     writer.add_file_type(_file_type(matrix_type))
-
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2")
-    writer.add_token_list(vocab.tokens)
     token_types = [gguf.TokenType.NORMAL] * vocab.n_normal
     token_types += [gguf.TokenType.CONTROL] * (vocab.size - vocab.n_normal)
-    writer.add_token_types(token_types)
-    writer.add_token_merges(vocab.merges)
-    writer.add_bos_token_id(vocab.bos_id)
-    writer.add_eos_token_id(vocab.eos_id)
-    writer.add_add_bos_token(True)
-    writer.add_chat_template(CHAT_TEMPLATE)
+    add_byte_bpe_tokenizer(writer, vocab.tokens, token_types, vocab.merges, vocab.bos_id, vocab.eos_id,
+                           add_bos=True, pre="qwen2", chat_template=CHAT_TEMPLATE)
 
     for hf_name, array in tensors.items():
         array = np.ascontiguousarray(array, dtype=np.float32)
@@ -100,6 +84,35 @@ def write_qwen2_gguf(
     writer.write_tensors_to_file()
     writer.close()
     log.info("wrote %s", path)
+
+
+def add_qwen2_hyperparameters(writer: gguf.GGUFWriter, config: Mapping[str, float | int], name: str) -> None:
+    """The Qwen2 shape keys llama.cpp reads before anything else (a vocabulary-only load too)."""
+    writer.add_name(name)
+    writer.add_context_length(int(config["max_position_embeddings"]))
+    writer.add_embedding_length(int(config["hidden_size"]))
+    writer.add_block_count(int(config["num_hidden_layers"]))
+    writer.add_feed_forward_length(int(config["intermediate_size"]))
+    writer.add_head_count(int(config["num_attention_heads"]))
+    writer.add_head_count_kv(int(config["num_key_value_heads"]))
+    writer.add_rope_freq_base(float(config["rope_theta"]))
+    writer.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
+
+
+def add_byte_bpe_tokenizer(writer: gguf.GGUFWriter, tokens: Sequence[str | bytes], token_types: Sequence[int],
+                           merges: Sequence[str], bos_id: int, eos_id: int, add_bos: bool, pre: str,
+                           chat_template: str | None) -> None:
+    """A byte-level BPE tokenizer as llama.cpp's `gpt2` model reads it; `pre` names its pre-tokenizer."""
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(token_types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(bos_id)
+    writer.add_eos_token_id(eos_id)
+    writer.add_add_bos_token(add_bos)
+    if chat_template:
+        writer.add_chat_template(chat_template)
 
 
 def _file_type(matrix_type: gguf.GGMLQuantizationType) -> int:

@@ -5,8 +5,9 @@
 #
 #   SPECWIRE_TORCH      the torch requirement (default torch==2.13.0). For a CPU-only build
 #                       elsewhere: SPECWIRE_TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
-#   CMAKE_ARGS          passed to the llama.cpp build, e.g. "-DGGML_CUDA=on" for a CUDA drafter
-#                       (-DGGML_LLAMAFILE=OFF is always added)
+#   CMAKE_ARGS          passed to the llama.cpp build (-DGGML_LLAMAFILE=OFF is always added, and
+#                       -DGGML_CUDA=on where nvidia-smi answers and nvcc is found)
+#   CUDA_HOME           where the CUDA toolkit is when nvcc is not on PATH (default /usr/local/cuda)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +24,21 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     # shellcheck disable=SC2086
     .venv/bin/python -m pip install --quiet ${SPECWIRE_TORCH:-torch==2.13.0}
 fi
+# A CUDA drafter where an NVIDIA GPU answers and the CUDA compiler is here: llama.cpp is
+# built with -DGGML_CUDA=on (below), and a CPU-only build already in .venv is rebuilt.
+cuda_build=0
+if nvidia-smi -L >/dev/null 2>&1; then
+    nvcc_path="$(command -v nvcc || true)"
+    cuda_home="${CUDA_HOME:-/usr/local/cuda}"
+    [[ -z "$nvcc_path" && -x "$cuda_home/bin/nvcc" ]] && nvcc_path="$cuda_home/bin/nvcc"
+    if [[ -n "$nvcc_path" ]]; then
+        cuda_build=1
+        export CUDACXX="${CUDACXX:-$nvcc_path}"
+    else
+        echo "an NVIDIA GPU answers but nvcc (the CUDA compiler) was not found on PATH or in $cuda_home/bin:" \
+             "llama.cpp is built for the CPU (install the CUDA toolkit and run this again for a GPU drafter)" >&2
+    fi
+fi
 # llama-cpp-python compiles llama.cpp from source (several minutes on two cores).
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 if [[ -z "${CMAKE_ARGS:-}" ]] && grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then
@@ -38,10 +54,29 @@ fi
 # version is the one whose kernels were read for batch shape; a new one is read again first.
 llama_version="llama-cpp-python==0.3.36"
 export CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_LLAMAFILE=OFF"
-if ! .venv/bin/python -c "import llama_cpp, sys; sys.exit(llama_cpp.llama_cpp._lib.ggml_cpu_has_llamafile())" 2>/dev/null; then
+llama_ok="import llama_cpp, sys; sys.exit(llama_cpp.llama_cpp._lib.ggml_cpu_has_llamafile())"
+case "$CMAKE_ARGS" in  # CMAKE_ARGS saying -DGGML_CUDA=off is the user's choice, kept
+    *GGML_CUDA=[oO][fF][fF]*|*GGML_CUDA=0*) cuda_build=0 ;;
+    *GGML_CUDA*) ;;
+    *) (( cuda_build )) && export CMAKE_ARGS="$CMAKE_ARGS -DGGML_CUDA=on" ;;
+esac
+if (( cuda_build )); then
+    # a build without GPU offload (made before the toolkit was here) is rebuilt too
+    llama_ok="import llama_cpp, sys; sys.exit(llama_cpp.llama_cpp._lib.ggml_cpu_has_llamafile() or not llama_cpp.llama_supports_gpu_offload())"
+fi
+if ! .venv/bin/python -c "$llama_ok" 2>/dev/null; then
     # no wheel cache: a wheel built earlier with other CMAKE_ARGS must not be reused
     .venv/bin/python -m pip install --quiet --no-cache-dir --force-reinstall --no-deps "$llama_version"
     .venv/bin/python -m pip install --quiet "$llama_version"  # its dependencies, if new
+fi
+if (( cuda_build )); then
+    if .venv/bin/python -c "import llama_cpp, sys; sys.exit(not llama_cpp.llama_supports_gpu_offload())"; then
+        echo "llama.cpp is built with CUDA: llama_supports_gpu_offload() holds, the drafter runs on the GPU"
+    else
+        echo "llama.cpp was built with CMAKE_ARGS=\"$CMAKE_ARGS\" but llama_supports_gpu_offload() is false:" \
+             "the drafter would run on the CPU. Check that $CUDACXX matches the driver (nvidia-smi) and run this again" >&2
+        exit 1
+    fi
 fi
 .venv/bin/python -m pip install --quiet -e ".[${extras}]"
 if [[ "${1:-}" == "--dev" ]] && ! command -v tmux >/dev/null; then

@@ -9,6 +9,7 @@ in its header, and msgspec checks the bound there, before decoding an element, s
 that breaks a bound is refused after a few bytes; one that keeps every bound decodes into
 at most `max_context` ids per history and `max_draft` entries per draft.
 
+The one free-text field a round carries, `Verify.draft_source`, is bounded the same way.
 What remains is proportional to the frame's bytes without building anything: skipping a
 field this version does not know (fields are only appended) and reading strings.
 """
@@ -19,7 +20,7 @@ from typing import Annotated, Union
 
 import msgspec
 
-from wire.limits import MAX_DIST_TOKENS, MAX_STOP_IDS
+from wire.limits import MAX_DIST_TOKENS, MAX_DRAFT_SOURCE_CHARS, MAX_STOP_IDS
 from wire.protocol import Cancel, Generate, Hello, SparseDist, Sync, Verify
 
 
@@ -27,19 +28,26 @@ def _bounded(length: int, element=int):
     return Annotated[list[element], msgspec.Meta(max_length=length)]
 
 
+def _short_text(length: int):
+    return Annotated[str, msgspec.Meta(max_length=length)]
+
+
 def bounded_client_message(max_context: int, max_draft: int):
     """The union of client messages with every list bounded; for `msgspec.msgpack.Decoder`.
 
     A history list may hold the whole context (longer ones cannot fit; the session refuses
     those of exactly the context's length with its own message), a draft `max_draft`
-    tokens, a draft distribution MAX_DIST_TOKENS ids.
+    tokens, a draft distribution MAX_DIST_TOKENS ids. A Verify's `draft_source` is a short
+    string: any value within MAX_DRAFT_SOURCE_CHARS is taken (the metrics fold names they do
+    not know into one label), a longer one is refused from its length header.
     """
     dist = msgspec.defstruct("SparseDist", [("ids", _bounded(MAX_DIST_TOKENS)),
                                             ("probs", _bounded(MAX_DIST_TOKENS, float))],
                              bases=(SparseDist,), array_like=True)
     verify = msgspec.defstruct("Verify", [("append", _bounded(max_context), []),
                                           ("draft", _bounded(max_draft), []),
-                                          ("draft_dists", _bounded(max_draft, dist), [])],
+                                          ("draft_dists", _bounded(max_draft, dist), []),
+                                          ("draft_source", _short_text(MAX_DRAFT_SOURCE_CHARS), "")],
                                bases=(Verify,), tag="verify")
     sync = msgspec.defstruct("Sync", [("tokens", _bounded(max_context))], bases=(Sync,), tag="sync")
     generate = msgspec.defstruct("Generate", [("append", _bounded(max_context), []),

@@ -29,6 +29,7 @@ MAX_QUOTED = 200  # characters of the decoder's error quoted in a refusal
 
 # msgspec's words for a list over its bound, and for the fields whose bound is a service limit
 _OVER_LENGTH = re.compile(r"Expected `array` of length <= (\d+) - at `\$\.(\w+)(.*)`")
+_TEXT_OVER_LENGTH = re.compile(r"Expected `str` of length <= (\d+) - at `\$\.(\w+)`")
 _HISTORY_FIELDS = ("append", "tokens")
 _DRAFT_FIELDS = ("draft", "draft_dists")
 
@@ -69,6 +70,10 @@ class FrameReader:
         over = _OVER_LENGTH.fullmatch(error)
         if over:
             return self._over_length(int(over.group(1)), over.group(2), over.group(3))
+        over = _TEXT_OVER_LENGTH.fullmatch(error)
+        if over:
+            return BadFrame("bad_request", f"{over.group(2)} is longer than {over.group(1)} characters: send a "
+                            "short name (a draft_source is \"model\" or \"ngram\")")
         not_a_map = error.startswith("Expected `object`") or error == "Object missing required field `type`"
         unknown_type = error.endswith("- at `$.type`")
         if len(error) > MAX_QUOTED:  # it quotes the client's value, which may be a megabyte long

@@ -6,9 +6,17 @@ never blocks on it. Sessions take turns, round-robin: a session with many items 
 (a long stream of per-token work) gets one item run, then goes to the back of the line
 behind every other session that is waiting, so no session is starved by a busy neighbour.
 
-Batching several sessions' blocks into one forward pass is not done: llama.cpp keeps one
-context per session, and on a CPU a batched pass costs about the sum of its parts; the
-queue is what keeps latency fair and measurable.
+Shared passes: an item that is a `Shareable` (a verify round, a server-only stream's next
+token) may run in one forward pass with the next item of every other waiting session, at
+most one item per session (so the round-robin order is kept: each member goes to the back
+of the line) and up to `batch_tokens` tokens fed in all. The session whose turn it is always
+runs, whatever its size; another joins only if its block fits what is left of the budget.
+Any other item (loading the model, allocating or freeing a cache, a Sync) runs alone.
+Each member is planned (checked, its feed built) before the pass and finished (acceptance,
+commit) after it, on this thread, so one session's refusal or failure is its own: a bad
+request is refused at planning without touching the pass, and a pass that fails as a whole
+is undone and run again one member at a time, so that the error lands on its owner.
+`batch_tokens = 0` runs every item alone (`specwire serve --batch-tokens 0`).
 """
 
 from __future__ import annotations
@@ -21,12 +29,43 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable
 
+import numpy as np
+
+from remote_verify.backends import Pass, run_passes
+from wire.limits import BATCH_TOKENS
+
 log = logging.getLogger(__name__)
 
 
 @dataclass
+class Planned:
+    """A member's share of a pass, and what to do with its result."""
+
+    share: Pass
+    finish: Callable[[np.ndarray, float], Any]  # (its result, the pass's seconds) -> the item's result
+    undo: Callable[[], None]  # put its cache back as it was before the pass (a failed pass is retried)
+
+
+@dataclass
+class Shareable:
+    """Work that may share a forward pass with other sessions': planned on the device thread
+    (`plan()` may raise, refusing the request), then run with the others."""
+
+    backend: Any
+    plan: Callable[[], Planned]
+    tokens: Callable[[], int]  # tokens it would feed, read on the device thread to fit the budget
+
+    def __call__(self) -> Any:
+        """Run alone: plan, one pass, finish."""
+        planned = self.plan()
+        started = time.perf_counter()
+        result = run_passes(self.backend, [planned.share])[0]
+        return planned.finish(result, time.perf_counter() - started)
+
+
+@dataclass
 class _Item:
-    work: Callable[[], Any]
+    work: Callable[[], Any]  # or a Shareable
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     arrived: float = field(default_factory=time.perf_counter)
@@ -37,8 +76,13 @@ class QueueClosed(RuntimeError):
 
 
 class DeviceQueue:
-    def __init__(self, name: str = "target"):
+    def __init__(self, name: str = "target", batch_tokens: int = BATCH_TOKENS):
+        if batch_tokens < 0:
+            raise ValueError(f"batch_tokens must be 0 (no shared passes) or more, got {batch_tokens}")
         self.name = name
+        self.batch_tokens = batch_tokens
+        self.passes = 0  # forward passes run for Shareable items (shared or alone)
+        self.shared_items = 0  # Shareable items run, in all
         self._ready = threading.Condition()
         self._waiting: dict[Hashable, deque[_Item]] = {}  # per session, in arrival order
         self._turns: deque[Hashable] = deque()  # sessions with work, in the order they are served
@@ -92,35 +136,134 @@ class DeviceQueue:
         if wait:
             self._thread.join()
 
-    def _next(self) -> _Item | None:
+    def _next(self) -> list[_Item] | None:
+        """The next item in turn, with (when it is a Shareable) the next shareable item of every
+        other waiting session that fits the token budget; None once closed and empty."""
         with self._ready:
             while not self._turns:
                 if self._closed:
                     return None
                 self._ready.wait()
             session = self._turns.popleft()
-            items = self._waiting[session]
-            item = items.popleft()
-            if items:
-                self._turns.append(session)  # its next item waits behind everyone else's
-            else:
-                del self._waiting[session]
-            return item
+            line = list(self._turns)  # the others in turn order, before _take puts this one at the back
+            first = self._take(session)
+            taken = [first]
+            work = first.work
+            if self.batch_tokens and isinstance(work, Shareable) and hasattr(work.backend, "forward_many"):
+                left = self.batch_tokens - self._size(work)
+                for session in line:
+                    if left <= 0:
+                        break
+                    head = self._waiting[session][0].work
+                    if not isinstance(head, Shareable) or head.backend is not work.backend:
+                        continue  # it keeps its place in line and runs in its own turn
+                    size = self._size(head)
+                    if size <= left:
+                        self._turns.remove(session)
+                        taken.append(self._take(session))
+                        left -= size
+            return taken
+
+    def _take(self, session: Hashable) -> _Item:
+        """Pop `session`'s next item (its turn is already out of the line)."""
+        items = self._waiting[session]
+        item = items.popleft()
+        if items:
+            self._turns.append(session)  # its next item waits behind everyone else's
+        else:
+            del self._waiting[session]
+        return item
+
+    @staticmethod
+    def _size(work: Shareable) -> int:
+        try:
+            return max(1, work.tokens())
+        except Exception:  # a request its plan will refuse: let the plan say why
+            return 1
 
     def _serve(self) -> None:
-        while (item := self._next()) is not None:
-            started = time.perf_counter()
-            try:
-                result, error = item.work(), None
-            except BaseException as exc:  # handed to the awaiting coroutine, raised there
-                result, error = None, exc
-            try:
-                item.loop.call_soon_threadsafe(_settle, item.future, result, error, started - item.arrived)
-            except RuntimeError:  # the event loop has already closed: nobody is waiting
-                log.debug("dropped a result for a closed event loop")
-            # The same on this side: an exception's traceback holds this frame, whose locals
-            # would hold the exception and the item (its request) until the next item came.
-            del item, result, error
+        while (items := self._next()) is not None:
+            if len(items) == 1 and not isinstance(items[0].work, Shareable):
+                self._run_alone(items[0])
+            else:
+                self._run_shared(items)
+            del items
+
+    # An exception caught in `_attempt` keeps that frame in its traceback, and a frame keeps its
+    # caller's frame (f_back), whose locals outlive its return while the exception lives: each
+    # function below that calls `_attempt` ends by dropping its locals, or the item and its
+    # future (which holds the exception) would stay in a cycle until a full garbage collection.
+
+    def _run_alone(self, item: _Item) -> None:
+        started = time.perf_counter()
+        result, error = _attempt(item.work)
+        self._hand_back(item, result, error, started)
+        del item, result, error
+
+    def _run_shared(self, items: list[_Item]) -> None:
+        """Plan every member, run their shares as one pass, finish each; errors stay with their owner."""
+        started = time.perf_counter()
+        members: list[tuple[_Item, Planned]] = []
+        item = planned = error = results = result = value = None
+        for item in items:
+            planned, error = _attempt(item.work.plan)
+            if error is not None:  # refused before the pass: the others go on
+                self._hand_back(item, None, error, started)
+            else:
+                members.append((item, planned))
+        items.clear()
+        if members:
+            self.passes += 1
+            self.shared_items += len(members)
+            began = time.perf_counter()
+            results, error = _attempt(run_passes, members[0][0].work.backend,
+                                      [planned.share for _, planned in members])
+            if error is not None:
+                log.warning("a shared pass of %d sessions failed (%s: %s): running them one at a time",
+                            len(members), type(error).__name__, error)
+                self._run_one_by_one(members, started)
+            else:
+                forward_s = time.perf_counter() - began
+                for (item, planned), result in zip(members, results):
+                    value, error = _attempt(planned.finish, result, forward_s)
+                    self._hand_back(item, value, error, started)
+        members.clear()
+        del items, members, item, planned, error, results, result, value
+
+    def _run_one_by_one(self, members: list[tuple[_Item, Planned]], started: float) -> None:
+        item = planned = error = results = value = None
+        for _, planned in members:
+            _, error = _attempt(planned.undo)
+            if error is not None:  # the retry below reports what is wrong with this member
+                log.debug("undo failed: %s", error)
+        for item, planned in members:
+            self.passes += 1
+            began = time.perf_counter()
+            results, error = _attempt(run_passes, item.work.backend, [planned.share])
+            value = None
+            if error is None:
+                value, error = _attempt(planned.finish, results[0], time.perf_counter() - began)
+            self._hand_back(item, value, error, started)
+        del members, item, planned, error, results, value
+
+    @staticmethod
+    def _hand_back(item: _Item, result: Any, error: BaseException | None, started: float) -> None:
+        try:
+            item.loop.call_soon_threadsafe(_settle, item.future, result, error, started - item.arrived)
+        except RuntimeError:  # the event loop has already closed: nobody is waiting
+            log.debug("dropped a result for a closed event loop")
+
+
+def _attempt(work: Callable, *args) -> tuple[Any, BaseException | None]:
+    """(work(*args), None), or (None, the exception it raised).
+
+    Caught here, in a frame of its own that holds no queue item: the exception's traceback
+    starts at this frame, so it cannot lead back to the item's future (which will hold the
+    exception), a cycle that would keep the request alive until a full garbage collection."""
+    try:
+        return work(*args), None
+    except BaseException as exc:  # handed to the awaiting coroutine, raised there
+        return None, exc
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None, queued_s: float) -> None:

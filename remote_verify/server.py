@@ -3,12 +3,17 @@
 Plain HTTP on the same port: `/healthz` (200 once the target is loaded, 503 while it
 loads or drains) and `/metrics` (Prometheus). Auth and the admission limits are applied
 in `process_request`, before the upgrade. Each connection is one session; its model work
-goes through the device's queue (one worker thread, sessions in turn), so the event loop
-keeps answering pings, health checks and other clients while a forward pass runs.
+goes through the device's queue (one worker thread, sessions in turn, their rounds sharing
+forward passes), so the event loop keeps answering pings, health checks and other clients
+while a forward pass runs.
 
 SIGINT/SIGTERM drain: new sessions are refused, rounds in flight finish and are answered,
 then every connection is closed with 1001 (going away) and the client reconnects, to this
 service when it is back or to any other replica. A second signal stops without waiting.
+
+Behind the same bearer token, plain HTTP also serves the target's vocabulary to clients
+with no model file (`/vocab.json`, `/vocab.gguf`; made once, when the target is loaded:
+vocab_offer.py).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from websockets.http11 import Request, Response
 from websockets.protocol import State
 
 from remote_verify.access import bearer_problem
-from remote_verify.backends import TargetBackend
+from remote_verify.backends import CacheFull, TargetBackend
 from remote_verify.frames import BadFrame, FrameReader, frame_cost, hello_problems
 from remote_verify.idle import IdleClock
 from remote_verify.limits import TokenBucket
@@ -52,9 +57,11 @@ from wire.protocol import (
     encode,
     vocab_fingerprint,
 )
-from remote_verify.scheduler import DeviceQueue, QueueClosed
+from remote_verify.scheduler import BATCH_TOKENS, DeviceQueue, QueueClosed
 from remote_verify.session import Session, SessionError, SessionLimits
 from remote_verify.server_only import ServerOnlyStream
+from remote_verify import vocab_offer
+from remote_verify.vocab_offer import VocabOffer, make_vocab_offer, offer_response
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +82,7 @@ class ServiceConfig:
     ping_interval_s: float = 20.0
     limits: SessionLimits = SessionLimits()  # per round: draft length, context
     service_limits: ServiceLimits = ServiceLimits()  # per service and connection
+    batch_tokens: int = BATCH_TOKENS  # budget of a forward pass shared by sessions; 0: one session a pass
 
 
 class TargetLoadError(RuntimeError):
@@ -91,11 +99,14 @@ class VerifyService:
         self.limits = config.limits  # capped by the model's own context once it is loaded
         self.frames = FrameReader(self.limits.max_context, self.limits.max_draft)  # rebuilt with the capped limits
         self.fingerprint = ""
+        self.vocab = VocabOffer(reason="the target is still loading")  # made once the target is loaded
         self.state = "loading"  # then "ready", then "draining"
         self.port: int | None = None  # once listening
         self.metrics = ServiceMetrics()
-        self.queue = DeviceQueue("target")  # one per device
+        self.queue = DeviceQueue("target", config.batch_tokens)  # one per device
         self.metrics.queue_depth.set_function(lambda: self.queue.depth)
+        self.metrics.target_passes.set_function(lambda: self.queue.passes)
+        self.metrics.pass_members.set_function(lambda: self.queue.shared_items)
         self.sessions: dict[str, Session] = {}
         self._connections: dict[str, ServerConnection] = {}
         self._busy: set[str] = set()  # sessions with a round in flight
@@ -156,7 +167,8 @@ class VerifyService:
         """Load the target on the device thread; False if asked to stop first."""
         def load():
             backend = self._loader()
-            return backend, vocab_fingerprint(backend.token_texts())
+            fingerprint = vocab_fingerprint(backend.token_texts())
+            return backend, fingerprint, make_vocab_offer(backend, fingerprint)
 
         loading = asyncio.ensure_future(self.queue.run("load", load))
         await asyncio.wait({loading, self._stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -164,10 +176,10 @@ class VerifyService:
             log.info("stopped while the target was loading")
             return False
         try:
-            (backend, fingerprint), _ = loading.result()
+            (backend, fingerprint, vocab), _ = loading.result()
         except Exception as exc:
             raise TargetLoadError(str(exc) or type(exc).__name__) from exc
-        self.backend, self.fingerprint = backend, fingerprint
+        self.backend, self.fingerprint, self.vocab = backend, fingerprint, vocab
         self.limits = SessionLimits(max_draft=self.config.limits.max_draft,
                                     max_context=min(self.config.limits.max_context, backend.max_context))
         self.frames = FrameReader(self.limits.max_context, self.limits.max_draft)
@@ -208,18 +220,16 @@ class VerifyService:
             del response.headers["Content-Type"]
             response.headers["Content-Type"] = self.metrics.content_type
             return response
-        if self.config.token is not None:
-            authorizations = request.headers.get_all("Authorization")
-            if len(authorizations) > 1:  # which one would count is ambiguous: refuse, do not pick
-                self.metrics.refusals.labels("bad_request").inc()
-                return connection.respond(http.HTTPStatus.BAD_REQUEST,
-                                          f"{len(authorizations)} Authorization headers: send exactly one\n")
-            problem = bearer_problem(authorizations[0] if authorizations else None, self.config.token)
-            if problem:
-                self.metrics.refusals.labels("unauthorized").inc()
-                response = connection.respond(http.HTTPStatus.UNAUTHORIZED, problem + "\n")
-                response.headers["WWW-Authenticate"] = 'Bearer realm="specwire"'
-                return response
+        refused = self._unauthorized(connection, request)
+        if refused is not None:
+            return refused
+        if path in (vocab_offer.INFO_PATH, vocab_offer.FILE_PATH):
+            if self.state == "loading":
+                return self._unavailable(connection, "the target model is still loading: retry in "
+                                         f"{self.guard.retry_after_s:g} s\n")
+            if path == vocab_offer.FILE_PATH and self.vocab.available:
+                self.metrics.vocab_downloads.inc()
+            return offer_response(self.vocab, path)
         if self.state != "ready":
             self.metrics.refusals.labels(self.state).inc()
             words = "the target model is still loading" if self.state == "loading" else "the service is shutting down"
@@ -231,6 +241,23 @@ class VerifyService:
                 connection, f"the service is at its limit of {self.guard.max_sessions} sessions: "
                 f"retry in {self.guard.retry_after_s:g} s, or use another replica\n")
         self._admitted.add(connection)
+        return None
+
+    def _unauthorized(self, connection: ServerConnection, request: Request) -> Response | None:
+        """The refusal of a request without the service's bearer token, or None when it may go on."""
+        if self.config.token is None:
+            return None
+        authorizations = request.headers.get_all("Authorization")
+        if len(authorizations) > 1:  # which one would count is ambiguous: refuse, do not pick
+            self.metrics.refusals.labels("bad_request").inc()
+            return connection.respond(http.HTTPStatus.BAD_REQUEST,
+                                      f"{len(authorizations)} Authorization headers: send exactly one\n")
+        problem = bearer_problem(authorizations[0] if authorizations else None, self.config.token)
+        if problem:
+            self.metrics.refusals.labels("unauthorized").inc()
+            response = connection.respond(http.HTTPStatus.UNAUTHORIZED, problem + "\n")
+            response.headers["WWW-Authenticate"] = 'Bearer realm="specwire"'
+            return response
         return None
 
     def _unavailable(self, connection: ServerConnection, text: str) -> Response:
@@ -331,10 +358,11 @@ class VerifyService:
                          seq=seq, fatal=True)
 
     async def _verify(self, session: Session, request: Verify, arrived: float):
-        verdict, queue_s = await self.queue.run(session.id, partial(session.verify, request), arrived)
+        verdict, queue_s = await self.queue.run(session.id, session.verify_work(request), arrived)
         verdict.queue_s = queue_s
         self.metrics.record_round(len(request.draft), verdict.accepted, verdict.forward_s + verdict.accept_s,
                                   queue_s)
+        self.metrics.record_draft_source(request.draft_source, len(request.draft), verdict.accepted)
         return verdict
 
     async def _run_for(self, session: Session, work):
@@ -385,6 +413,12 @@ class VerifyService:
                                                                self.limits))
         except QueueClosed:
             return None
+        except CacheFull as exc:
+            log.warning("refused a session: %s", exc)
+            await self._refuse(ws, CLOSE_GOING_AWAY, "sessions_full",
+                               f"the service has no KV memory for another session now: retry in "
+                               f"{self.guard.retry_after_s:g} s, or use another replica")
+            return None
         self.sessions[session.id] = session  # registered before the client can use it
         self._connections[session.id] = ws
         self.metrics.sessions.inc()
@@ -392,13 +426,19 @@ class VerifyService:
         try:
             await ws.send(encode(Welcome(
                 session_id=session.id, max_context=self.limits.max_context, max_draft=self.limits.max_draft,
-                vocab_size=backend.vocab_size, target=backend.name, capabilities=["greedy", "sampling", "sync", "generate"],
+                vocab_size=backend.vocab_size, target=backend.name, capabilities=self._capabilities(),
                 max_frame_bytes=self.guard.max_frame_bytes, idle_timeout_s=self.guard.idle_timeout_s)))
         except ConnectionClosed:
             await self._close_session(session)
             return None
         session_log(log, session.id).info("opened (%s)", printable(hello.client, 80) or "unnamed client")
         return session
+
+    def _capabilities(self) -> list[str]:
+        capabilities = ["greedy", "sampling", "sync", "generate"]
+        if self.vocab.available:  # GET /vocab.gguf: the target's tokenizer, for clients with no model file
+            capabilities.append(vocab_offer.CAPABILITY)
+        return capabilities
 
     async def _close_session(self, session: Session) -> None:
         """Forget the session and free its KV cache (on the device thread, in its turn)."""

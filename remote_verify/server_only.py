@@ -1,7 +1,8 @@
 """Server-only generation: the target alone, streamed to the client one token at a time.
 
 Each token is its own work item on the device's queue, so a long generation takes turns
-with other sessions' rounds instead of holding the device. The stream ends with a frame
+with other sessions' rounds instead of holding the device, and shares a forward pass with
+them (and with other streams' tokens) where the queue batches. The stream ends with a frame
 marked done: at a stop token, at max_tokens, at a full context, on Cancel, or when the
 service drains for shutdown ("going_away": the client goes on with another connection).
 """
@@ -45,7 +46,7 @@ async def stream_generation(session: Session, request: Generate, run: RunOnDevic
             reason = "context"
             break
         queued = time.perf_counter()
-        token, started, forward_s = await run(session.generate_step)
+        token, started, forward_s = await run(session.next_token_work())  # may share a pass
         made += 1
         if on_token is not None:
             on_token(forward_s, max(0.0, started - queued))

@@ -5,6 +5,10 @@ Invariant between rounds: the cache holds every committed token but the last, wh
 A round feeds that token, any appended tokens and the draft block in one forward pass,
 decides acceptance, commits, and truncates the cache back to the invariant: a rejected
 draft costs a truncation, never a recompute of the prefix.
+
+A round is device work in two halves (`verify_work`): planned (checked, its feed built,
+nothing changed) before a forward pass that other sessions' rounds may share, and finished
+(acceptance, commit, truncation) after it, with this session's share of the results.
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ import math
 import time
 import uuid
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from remote_verify.acceptance import accept_greedy, accept_sampled
-from remote_verify.backends import TargetBackend
+from remote_verify.backends import Pass, TargetBackend
 from remote_verify.memory import give_back_free_memory
+from remote_verify.scheduler import Planned, Shareable
 from wire.limits import MAX_STOP_IDS
 from wire.protocol import Generate, SamplingParams, SparseDist, Sync, Synced, Verdict, Verify
 from wire.randomness import Decision, DecisionRandomness, seed_problem
@@ -56,6 +62,16 @@ class Session:
         self.last_seq = 0
 
     def verify(self, request: Verify) -> Verdict:
+        """Verify one block in a pass of its own."""
+        return self.verify_work(request)()
+
+    def verify_work(self, request: Verify) -> Shareable:
+        """The round as device work that may share a forward pass with other sessions' rounds."""
+        return Shareable(self.backend, partial(self._plan_verify, request),
+                         lambda: len(self.committed) - self.cached_len + len(request.append) + len(request.draft))
+
+    def _plan_verify(self, request: Verify) -> Planned:
+        """Check the request and build its share of a pass; nothing changes until `finish`."""
         self._check_seq(request.seq)
         self._check_committed(request.committed_len)
         # lengths before ids: a request over a limit is refused without reading what it holds
@@ -72,27 +88,30 @@ class Session:
         self._check_tokens(request.append, "append")
         self._check_tokens(request.draft, "draft")
         draft_dists = None if self.sampling.greedy else self._checked_dists(request)
-
-        started = time.perf_counter()
         feed = self.committed[self.cached_len:] + list(request.append) + list(request.draft)
-        logits = self.backend.forward(self.cache, feed, n_logits=k + 1)  # (k+1, V)
-        forwarded = time.perf_counter()
-        if self.sampling.greedy:
-            accepted, token = accept_greedy(logits.argmax(axis=-1).tolist(), request.draft)
-        else:
-            target_probs = np.stack([warp(row, self.sampling) for row in logits])  # (k+1, V)
-            start = history  # the absolute position of draft[0]
-            accepted, token = accept_sampled(target_probs, request.draft, draft_dists,
-                                             lambda i, what: self.randomness.at(start + i, what))
-        decided = time.perf_counter()
 
-        self.committed += list(request.append) + list(request.draft[:accepted]) + [token]
-        self.cached_len = len(self.committed) - 1
+        def finish(result: np.ndarray, forward_s: float) -> Verdict:
+            started = time.perf_counter()
+            if self.sampling.greedy:  # result: the (k+1,) argmax ids
+                accepted, token = accept_greedy(result.tolist(), request.draft)
+            else:  # result: the (k+1, V) logits
+                target_probs = np.stack([warp(row, self.sampling) for row in result])  # (k+1, V)
+                start = history  # the absolute position of draft[0]
+                accepted, token = accept_sampled(target_probs, request.draft, draft_dists,
+                                                 lambda i, what: self.randomness.at(start + i, what))
+            self.committed += list(request.append) + list(request.draft[:accepted]) + [token]
+            self.cached_len = len(self.committed) - 1
+            self.backend.truncate(self.cache, self.cached_len)
+            self.last_seq = request.seq
+            return Verdict(seq=request.seq, accepted=accepted, token=token,
+                           committed_len=len(self.committed),
+                           forward_s=forward_s, accept_s=time.perf_counter() - started)
+
+        return Planned(Pass(self.cache, feed, k + 1, argmax_only=self.sampling.greedy), finish, self._undo)
+
+    def _undo(self) -> None:
+        """Drop what a failed pass may have left in the cache past the committed prefix."""
         self.backend.truncate(self.cache, self.cached_len)
-        self.last_seq = request.seq
-        return Verdict(seq=request.seq, accepted=accepted, token=token,
-                       committed_len=len(self.committed),
-                       forward_s=forwarded - started, accept_s=decided - forwarded)
 
     def start_generation(self, request: Generate) -> None:
         """Check a server-only request and take its appended tokens into the history."""
@@ -114,19 +133,30 @@ class Session:
         self.last_seq = request.seq
 
     def generate_step(self) -> tuple[int, float, float]:
-        """One token by the target alone; returns (token, when the step started, forward seconds)."""
+        """One token by the target alone, in a pass of its own; returns (token, when the step
+        started, forward seconds)."""
+        return self.next_token_work()()
+
+    def next_token_work(self) -> Shareable:
+        """The next server-only token as device work that may share a pass with other sessions'."""
+        return Shareable(self.backend, self._plan_token, lambda: len(self.committed) - self.cached_len)
+
+    def _plan_token(self) -> Planned:
         started = time.perf_counter()
         feed = self.committed[self.cached_len:]
-        logits = self.backend.forward(self.cache, feed, n_logits=1)[0]  # (V,)
-        if self.sampling.greedy:
-            token = int(logits.argmax())
-        else:
-            probs = warp(logits, self.sampling)
-            draw = self.randomness.at(len(self.committed), Decision.TOKEN)
-            token = int(draw.choice(probs.shape[0], p=probs))
-        self.committed.append(token)
-        self.cached_len = len(self.committed) - 1
-        return token, started, time.perf_counter() - started
+
+        def finish(result: np.ndarray, forward_s: float) -> tuple[int, float, float]:
+            if self.sampling.greedy:  # result: the (1,) argmax id
+                token = int(result[0])
+            else:  # result: the (1, V) logits
+                probs = warp(result[0], self.sampling)
+                draw = self.randomness.at(len(self.committed), Decision.TOKEN)
+                token = int(draw.choice(probs.shape[0], p=probs))
+            self.committed.append(token)
+            self.cached_len = len(self.committed) - 1
+            return token, started, forward_s
+
+        return Planned(Pass(self.cache, feed, 1, argmax_only=self.sampling.greedy), finish, self._undo)
 
     def sync(self, request: Sync) -> Synced:
         """Adopt the client's history (and its new seed, if it sends one); keep the cached prefix

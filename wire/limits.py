@@ -47,9 +47,16 @@ class ServiceLimits:
         return found
 
 
+# Tokens one forward pass may feed for the rounds of several sessions (`specwire serve
+# --batch-tokens`; 0: one session a pass). 256 holds a round of each of 32 sessions at k = 4
+# (5 tokens each) with room for longer blocks, and bounds how long one shared pass (hence every
+# member's round trip) can grow on a CPU, where a pass costs about its tokens.
+BATCH_TOKENS = 256
+
 # Bounds on the lists of one request that no service setting changes. A service refuses a
 # longer list while decoding, from the list's length header, before it builds a single
 # element (remote_verify/bounded_messages.py); the lists that grow with the context or the
 # draft are bounded by --max-context and --max-draft instead.
 MAX_DIST_TOKENS = 1024  # ids in one draft distribution (specwire's drafter sends at most 64)
 MAX_STOP_IDS = 256  # stop_ids of one Generate (a chat template has a handful of end tokens)
+MAX_DRAFT_SOURCE_CHARS = 16  # a Verify's draft_source names a drafter ("model", "ngram"), not a sentence

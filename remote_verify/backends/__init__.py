@@ -34,6 +34,11 @@ class TargetBackend(Protocol):
         """Drop every cached position from `length` on (roll back without recomputing)."""
 
 
+class CacheFull(RuntimeError):
+    """No KV cache can be allocated for another session now (`new_cache`); the session is
+    refused and its client retries later. Sessions already open are never evicted."""
+
+
 @dataclass
 class Pass:
     """One session's share of a forward pass: tokens appended to its cache, results wanted
@@ -62,7 +67,8 @@ def run_passes(backend: TargetBackend, passes: Sequence[Pass]) -> list[np.ndarra
 
 
 def load_backend(kind: str, target: str | Path, device: str = "auto", threads: int | None = None,
-                 batch_invariant: bool | None = None) -> TargetBackend:
+                 batch_invariant: bool | None = None, torch_static: bool = False, sessions: int = 32,
+                 max_context: int = 4096) -> TargetBackend:
     """Load a target (GGUF file or Hugging Face folder) with the named backend.
 
     "auto" picks torch when CUDA is available and llama.cpp otherwise (a GGUF target is
@@ -73,6 +79,9 @@ def load_backend(kind: str, target: str | Path, device: str = "auto", threads: i
     `batch_invariant` None keeps the backend's default: on for llama.cpp, whose invariant
     kernels cost a fraction of a pass, off for torch and ONNX Runtime, where it means
     decoding a block token by token.
+    `torch_static`: the torch backend's static-cache path (torch_static.py), with a KV slot
+    of `max_context` positions for each of `sessions` sessions, batched passes, and CUDA
+    graphs on a GPU. It has no batch-invariant mode.
     """
     target = Path(target)
     if not target.exists():
@@ -81,6 +90,15 @@ def load_backend(kind: str, target: str | Path, device: str = "auto", threads: i
         raise ValueError(f"{target} is an ONNX export: serve it with --backend onnx")
     if kind == "auto":
         kind = "torch" if _cuda_available() or target.is_dir() else "llamacpp"
+    if torch_static and kind != "torch":
+        raise ValueError(f"--torch-static is a mode of the torch backend, not of {kind}: add --backend torch")
+    if kind == "torch" and torch_static:
+        if batch_invariant:
+            raise ValueError("the static torch path has no batch-invariant mode: drop --torch-static "
+                             "or --batch-invariant")
+        from remote_verify.backends.torch_static import TorchStaticTarget
+
+        return TorchStaticTarget(target, device=device, slots=sessions, context=max_context)
     if kind == "torch":
         from remote_verify.backends.torch_backend import TorchTarget
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from app.cli import build_parser, main
-from wire.limits import ServiceLimits
+from wire.limits import BATCH_TOKENS, ServiceLimits
 
 
 def test_help_names_every_limit_with_its_default(capsys):
@@ -20,7 +20,7 @@ def test_help_names_every_limit_with_its_default(capsys):
     for flag, value in (("--max-frame-bytes", defaults.max_frame_bytes), ("--max-sessions", defaults.max_sessions),
                         ("--idle-timeout", defaults.idle_timeout_s), ("--rate", defaults.rate_per_s),
                         ("--rate-burst", defaults.rate_burst), ("--drain-timeout", defaults.drain_timeout_s),
-                        ("--max-draft", 32), ("--max-context", 4096)):
+                        ("--max-draft", 32), ("--max-context", 4096), ("--batch-tokens", BATCH_TOKENS)):
         assert flag in text and f"(default: {value})" in text[text.index(flag):], flag
     for flag in ("--tls-cert", "--tls-key", "--insecure-no-auth", "--log-format"):
         assert flag in text
@@ -29,6 +29,7 @@ def test_help_names_every_limit_with_its_default(capsys):
 @pytest.mark.parametrize("args, words", [
     (["--max-sessions", "0"], "--max-sessions must be at least 1"),
     (["--rate", "0"], "--rate must be more than 0"),
+    (["--batch-tokens", "-1"], "--batch-tokens must be 0 (one session a pass) or more"),
     (["--tls-cert", "cert.pem"], "--tls-cert and --tls-key go together"),
     (["--tls-cert", "missing.pem", "--tls-key", "missing.pem"], "cannot use the TLS certificate missing.pem"),
 ])
@@ -36,6 +37,12 @@ def test_bad_service_settings_are_refused_before_loading_anything(tiny, capsys, 
     """Each bad setting stops `serve` with status 2 and a message naming it."""
     assert main(["serve", "--target", str(tiny.target_gguf), "--port", "0", *args]) == 2
     assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, budget", [([], BATCH_TOKENS), (["--no-batch"], 0), (["--batch-tokens", "64"], 64)])
+def test_shared_passes_are_on_by_default_and_can_be_turned_off(flags, budget):
+    """--batch-tokens sets the budget of a shared pass; --no-batch is --batch-tokens 0."""
+    assert build_parser().parse_args(["serve", *flags]).batch_tokens == budget
 
 
 @pytest.mark.parametrize("flags, kernels", [([], "batch-invariant"), (["--no-batch-invariant"], "batch-shaped kernels")])
@@ -58,3 +65,16 @@ def test_an_onnx_target_is_not_served_batch_invariant(tmp_path):
     (tmp_path / MANIFEST_NAME).write_text("{}")
     with pytest.raises(ValueError, match="no batch-invariant mode.*llamacpp or torch"):
         load_backend("onnx", tmp_path, batch_invariant=True)
+
+
+def test_serve_torch_static_gives_each_allowed_session_a_slot_of_the_context_limit(tiny):
+    """--torch-static serves the static torch path: --max-sessions slots of --max-context positions."""
+    process = subprocess.Popen([sys.executable, "-m", "app.cli", "-v", "serve", "--target", str(tiny.target),
+                                "--backend", "torch", "--device", "cpu", "--torch-static", "--max-sessions", "3",
+                                "--max-context", "512", "--port", "0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = process.stdout.readline()  # once the target is loaded
+    process.terminate()
+    log = process.communicate(timeout=30)[1]
+    assert line.startswith("listening on"), log
+    assert "static KV cache: 3 slots of 512 positions (torch.float32), CUDA graphs off" in log, log

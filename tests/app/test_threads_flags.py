@@ -59,3 +59,45 @@ def test_models_take_the_planned_threads(tiny):
     assert DraftModel(tiny.draft, n_ctx=256, n_threads=2).n_threads == 2
     assert load_backend("llamacpp", tiny.target_gguf, device="cpu", threads=1).n_threads == 1
     assert load_backend("llamacpp", tiny.target_gguf, device="cpu").n_threads == physical_cores()
+
+
+def write_config(tmp_path, monkeypatch, text: str):
+    path = tmp_path / "config.toml"
+    path.write_text(text, encoding="utf-8")
+    monkeypatch.setenv("SPECWIRE_CONFIG", str(path))
+    return path
+
+
+@pytest.mark.parametrize("command", CLIENT_COMMANDS)
+def test_config_file_threads_below_flag_and_environment(command, tmp_path, monkeypatch):
+    """[threads] in the config file sets both counts; the environment beats it and the flag beats both."""
+    monkeypatch.delenv("SPECWIRE_DRAFT_THREADS", raising=False)
+    monkeypatch.delenv("SPECWIRE_THREADS", raising=False)
+    write_config(tmp_path, monkeypatch, "[threads]\ndraft = 2\nservice = 3\n")
+    parser = build_parser()
+    assert parser.parse_args(command).draft_threads == 2
+    assert parser.parse_args(["serve"]).threads == 3
+    assert parser.parse_args(command + ["--draft-threads", "4"]).draft_threads == 4
+    monkeypatch.setenv("SPECWIRE_DRAFT_THREADS", "5")
+    monkeypatch.setenv("SPECWIRE_THREADS", "6")
+    assert parser.parse_args(command).draft_threads == 5
+    assert parser.parse_args(["serve"]).threads == 6
+    assert parser.parse_args(["serve", "--threads", "7"]).threads == 7
+
+
+@pytest.mark.parametrize("text, says", [
+    ("[threads]\ndraft = 0\n", "[threads] draft: a thread count is at least 1"),
+    ("[threads]\ndraft = \"two\"\n", "[threads] draft must be a whole number, got 'two'"),
+    ("[threads]\ndrafter = 2\n", "[threads] has no setting drafter (there are draft, service)"),
+    ("[threads\n", "cannot read the config file"),
+])
+def test_a_wrong_config_file_count_names_the_file_and_key(text, says, tmp_path, monkeypatch, capsys):
+    """A bad [threads] value is a usage error naming the file and the key, and only for the command that reads it."""
+    monkeypatch.delenv("SPECWIRE_DRAFT_THREADS", raising=False)
+    path = write_config(tmp_path, monkeypatch, text)
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["generate", "--prompt", "x"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err and (str(path) in err)
+    assert build_parser().parse_args(["models", "list"]).command == "models"  # other commands unaffected

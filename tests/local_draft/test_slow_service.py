@@ -30,6 +30,13 @@ class SlowPrefillTarget:
             self.slow_forwards += 1
         return self._target.forward(cache, tokens, n_logits)
 
+    def forward_many(self, passes):  # the service's path: its rounds may share a pass
+        longest = max(len(each.tokens) for each in passes)
+        if longest > 8:
+            time.sleep(SECONDS_PER_PROMPT_TOKEN * longest)
+            self.slow_forwards += 1
+        return self._target.forward_many(passes)
+
 
 def test_a_prompt_the_service_reads_slowly_is_verified_not_taken_for_a_lost_service(llamacpp_target, close_draft):
     """The first round carries a prompt the service needs 4 s for, far past the expected time and the

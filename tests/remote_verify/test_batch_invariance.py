@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from remote_verify.backends import Pass
 from remote_verify.backends.llamacpp_backend import LlamaCppTarget, has_llamafile_kernels
 
 
@@ -93,3 +94,119 @@ def test_the_default_target_verifies_blocks_of_nine_bit_for_bit():
     fast_single = one_at_a_time(fast, prompt, continuation)
     assert differing_rows(fast_single, in_blocks(fast, prompt, continuation, 9)), (
         "repacked weights gave the same bits: this check would not see a batch-shaped kernel")
+
+
+# ---- several sessions in one pass (remote_verify/backends/llamacpp_backend.py, forward_many) ----
+
+NEIGHBOUR_HISTORIES = [3, 31, 33, 64, 100, 257, 300]  # cached lengths around the SIMD and padding steps
+
+
+def scripted_session(backend, cache, neighbours=None, seed=0) -> list[np.ndarray]:
+    """A session's rounds, each verifying a block of 5 and keeping 1 to 5 positions, with
+    `neighbours` (other sessions' caches, already filled) decoding blocks of 1 to 9 tokens and
+    rolling back in the same passes. Returns this session's logits, round after round."""
+    rng, others = np.random.default_rng(seed), np.random.default_rng(seed + 1)  # the session's draws and theirs
+    prompt = [int(t) for t in rng.integers(1, 250, 40)]
+    rows = []
+    feed = prompt + [int(t) for t in rng.integers(1, 250, 4)]
+    for _ in range(8):
+        passes = [Pass(cache, feed, 5)]
+        for other in neighbours or []:
+            passes.append(Pass(other, [int(t) for t in others.integers(1, 250, int(others.integers(1, 10)))], 1))
+        order = others.permutation(len(passes))  # the pass lists sessions in any order
+        results = backend.forward_many([passes[i] for i in order])
+        logits = results[int(np.argmax(order == 0))]  # (5, V)
+        rows.append(logits)
+        keep = int(rng.integers(1, 6))
+        backend.truncate(cache, cache.length - 5 + keep - 1)  # the last kept row's token is the next feed
+        for other in neighbours or []:
+            backend.truncate(other, other.length - int(others.integers(0, 3)))
+        feed = [int(t) for t in rng.integers(1, 250, 5)]
+    return rows
+
+
+def beside_seven_others(pooled) -> list[np.ndarray]:
+    """scripted_session in the fourth slot of a pool whose seven other sessions hold histories of
+    NEIGHBOUR_HISTORIES tokens and decode beside it."""
+    caches = [pooled.new_cache() for _ in range(8)]
+    mine, neighbours = caches[3], caches[:3] + caches[4:]
+    rng = np.random.default_rng(1)
+    pooled.forward_many([Pass(other, [int(t) for t in rng.integers(1, 250, n)], 1)
+                         for other, n in zip(neighbours, NEIGHBOUR_HISTORIES)])
+    return scripted_session(pooled, mine, neighbours)
+
+
+class UnifiedKvTarget(LlamaCppTarget):
+    """The control: one KV cache shared by the pool's sequences (llama.cpp's default), where a
+    session's cells sit between its neighbours'. Not used by the service."""
+
+    def context_params(self, slots):
+        params = super().context_params(slots)
+        params.kv_unified, params.n_ctx = True, self.max_context
+        return params
+
+
+def test_a_session_scores_the_same_alone_and_beside_seven_others(tiny):
+    """The same session's rounds give bit-identical logits alone in a context of a single
+    sequence and beside seven sessions of other lengths decoding blocks of other sizes in the
+    same passes (a KV stream per sequence): the batch composition moves no logit. The control,
+    a unified KV cache, must differ: the proof that the comparison sees a sum over cache cells
+    taken in another order."""
+    single = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, slots=1)
+    alone = scripted_session(single, single.new_cache())
+    pooled = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, slots=8, grow=False)
+    beside = beside_seven_others(pooled)
+    for round_, (a, b) in enumerate(zip(alone, beside)):
+        assert differing_rows(a, b) == [], f"round {round_}: largest gap {np.abs(a - b).max():.3g}"
+    assert pooled.batch_invariant
+    unified = beside_seven_others(UnifiedKvTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, slots=8, grow=False))
+    assert any(differing_rows(a, b) for a, b in zip(alone, unified)), "a unified cache gave the same bits"
+
+
+def test_argmax_only_gives_the_argmax_of_the_logits(llamacpp_target):
+    """A greedy pass's ids are the argmax of the logits the same pass would return."""
+    caches = [llamacpp_target.new_cache() for _ in range(2)]
+    try:
+        logits = llamacpp_target.forward_many([Pass(caches[0], list(range(5, 25)), 4), Pass(caches[1], [7, 8], 2)])
+        ids = llamacpp_target.forward_many([Pass(caches[0], [30, 31], 2, argmax_only=True)])
+        for cache in caches:
+            llamacpp_target.truncate(cache, 0)
+        again = llamacpp_target.forward_many([Pass(caches[0], list(range(5, 25)), 4, argmax_only=True),
+                                              Pass(caches[1], [7, 8], 2, argmax_only=True)])
+        assert again[0].tolist() == logits[0].argmax(axis=-1).tolist()
+        assert again[1].tolist() == logits[1].argmax(axis=-1).tolist()
+        assert ids[0].shape == (2,) and ids[0].dtype.kind == "i"
+    finally:
+        for cache in caches:
+            llamacpp_target.release(cache)
+
+
+@pytest.mark.slow
+def test_the_default_target_scores_a_session_the_same_beside_seven_others():
+    """Qwen2.5-Coder-1.5B Q4_K_M (quantized weights, passes of 8+ rows): a session's rounds give
+    the same bits alone and beside seven others decoding in the same passes."""
+    from models.fetch import fetch_chunks
+    from models.registry import QWEN_CODER, file_path
+
+    path = file_path(QWEN_CODER, QWEN_CODER.target)
+    fetch_chunks(QWEN_CODER.target.chunks, path)
+    single = LlamaCppTarget(path, gpu_layers=0, max_context=512, slots=1)
+    alone = scripted_session(single, single.new_cache())
+    beside = beside_seven_others(LlamaCppTarget(path, gpu_layers=0, max_context=512, slots=8, grow=False))
+    for round_, (a, b) in enumerate(zip(alone, beside)):
+        assert differing_rows(a, b) == [], f"round {round_}: largest gap {np.abs(a - b).max():.3g}"
+
+
+def test_kv_pools_grow_with_the_sessions(tiny):
+    """Pools hold 1, 1, 2, 4, then 8 sessions: one session reserves one cache, not a pool of
+    eight; a pool whose sessions all closed is given back."""
+    target = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, max_context=256, slots=8)
+    caches = [target.new_cache() for _ in range(9)]
+    assert [pool.slots for pool in target._pools] == [1, 1, 2, 4, 8]
+    assert len({(id(cache.pool), cache.seq) for cache in caches}) == 9
+    for cache in caches[1:]:
+        target.release(cache)
+    assert [pool.slots for pool in target._pools] == [1]
+    fixed = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, max_context=256, slots=8, grow=False)
+    fixed.new_cache()
+    assert [pool.slots for pool in fixed._pools] == [8]

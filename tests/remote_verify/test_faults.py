@@ -40,6 +40,11 @@ class SlowTarget:
         self.forwards += 1
         return self._target.forward(cache, tokens, n_logits)
 
+    def forward_many(self, passes):  # the service's path: its rounds may share a pass
+        time.sleep(FORWARD_DELAY_S)
+        self.forwards += 1
+        return self._target.forward_many(passes)
+
 
 def wait_for(condition, timeout_s: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout_s

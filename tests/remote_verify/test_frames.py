@@ -8,6 +8,7 @@ import msgspec
 import pytest
 
 from remote_verify.frames import BadFrame, FrameReader, frame_cost
+from wire.limits import MAX_DRAFT_SOURCE_CHARS
 from wire.protocol import Generate, SparseDist, Sync, Verify, encode
 
 MIB = 1024 * 1024
@@ -20,6 +21,7 @@ ATTACK_FRAMES = {
     "a million-token sync": {"type": "sync", "seq": 1, "tokens": [1] * 1040000},
     "unknown type after a million lists": {"tokens": [[]] * 1040000, "type": "nonsense"},
     "a type of a million lists": {"type": [[]] * 1040000},
+    "a draft_source of a mebibyte": {"type": "verify", "seq": 1, "committed_len": 0, "draft_source": "x" * 1040000},
     "an unknown field of a million lists": {"junk": [[]] * 1040000, "type": "verify", "seq": 1,
                                             "committed_len": 0},
 }
@@ -64,6 +66,8 @@ def test_refusals_are_told_apart(reader):
     assert code_of({"type": "verify", "seq": 1, "committed_len": 0, "draft": [1],
                     "draft_dists": [[[1] * 1025, [0.1] * 1025]]}) == "bad_dists"
     assert code_of({"type": "generate", "seq": 1, "committed_len": 0, "stop_ids": [2] * 257}) == "bad_request"
+    assert code_of({"type": "verify", "seq": 1, "committed_len": 0, "draft_source": "x" * 17}) == "bad_request"
+    assert code_of({"type": "verify", "seq": 1, "committed_len": 0, "draft_source": "x" * MIB}) == "bad_request"
     with pytest.raises(BadFrame) as refused:
         reader.read(msgspec.msgpack.encode({"type": "sync", "seq": "x", "tokens": []}))
     assert refused.value.message.startswith("invalid sync message")
@@ -76,7 +80,8 @@ def test_frames_within_the_bounds_decode_to_the_wire_types(reader):
     """A history of the whole context, a full sampled draft and 256 stop ids are read as the
     wire's own message types (the rest of the service sees a Verify, a Sync, a Generate)."""
     verify = Verify(seq=1, committed_len=0, append=[1] * 4000, draft=[2] * 32,
-                    draft_dists=[SparseDist(ids=list(range(64)), probs=[1 / 64] * 64)] * 32)
+                    draft_dists=[SparseDist(ids=list(range(64)), probs=[1 / 64] * 64)] * 32,
+                    draft_source="n" * MAX_DRAFT_SOURCE_CHARS)
     for message in (verify, Sync(seq=1, tokens=[3] * 4096), Generate(seq=1, committed_len=0, stop_ids=[4] * 256)):
         read = reader.read(encode(message))
         assert isinstance(read, type(message)) and msgspec.to_builtins(read) == msgspec.to_builtins(message)

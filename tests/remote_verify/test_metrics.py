@@ -10,6 +10,8 @@ import time
 import urllib.error
 import urllib.request
 
+import msgspec
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.sync.client import connect
@@ -17,7 +19,9 @@ from websockets.sync.client import connect
 from local_draft.speculator import Speculator
 from local_draft.verify_client import ServiceBusy, VerifyClient, VerifyError
 from remote_verify.logs import JsonFormatter
-from wire.protocol import SUBPROTOCOL, SamplingParams, Welcome, decode_server_message, encode
+from remote_verify.metrics import SOURCE_LABELS
+from wire.protocol import (SUBPROTOCOL, Error, SamplingParams, SparseDist, Verdict, Verify, Welcome,
+                           decode_server_message, encode)
 from remote_verify.server import ServiceConfig, VerifyService
 from tests.conftest import RunningService, hello_for
 
@@ -56,6 +60,9 @@ def test_metrics_count_what_the_client_saw(llamacpp_target, close_draft):
     assert samples[("specwire_rounds_total", ())] == stats.rounds
     assert samples[("specwire_drafted_tokens_total", ())] == stats.drafted
     assert samples[("specwire_accepted_tokens_total", ())] == stats.accepted
+    # this client does not name its drafter: its tokens count as "unstated"
+    assert samples[("specwire_drafted_tokens_by_source_total", (("source", "unstated"),))] == stats.drafted
+    assert samples[("specwire_accepted_tokens_by_source_total", (("source", "unstated"),))] == stats.accepted
     for position, accepted in enumerate(stats.accepted_per_position):
         if accepted:
             assert samples[("specwire_accepted_at_position_total", (("position", str(position)),))] == accepted
@@ -127,3 +134,55 @@ def test_session_logs_carry_the_session_id(llamacpp_target, close_draft, caplog)
     assert all(r.getMessage().startswith(f"session {session_id}: ") for r in mine)
     line = json.loads(JsonFormatter().format(mine[0]))
     assert line["session"] == session_id and line["level"] == "info" and "opened" in line["message"]
+
+
+class VerifyBeforeDraftSource(msgspec.Struct, tag="verify"):
+    """A Verify as clients encoded it before `draft_source` was appended: the key is absent."""
+
+    seq: int
+    committed_len: int
+    append: list[int] = []
+    draft: list[int] = []
+    draft_dists: list[SparseDist] = []
+
+
+def test_drafted_and_accepted_tokens_are_counted_by_draft_source(llamacpp_target, close_draft):
+    """Real rounds naming "model", "ngram", an unknown name and none (an old client's frame) are
+    counted under their own source label; an unknown name folds into "other", a long one is refused."""
+    running = RunningService(llamacpp_target)
+    expected = {label: [0, 0] for label in SOURCE_LABELS}  # label -> [drafted, accepted]
+    rng = np.random.default_rng(0)
+    rounds = [("draft-v9", "other"), ("model", "model"), ("ngram", "ngram"), (None, "unstated"),
+              ("", "unstated")] * 3
+    try:
+        with connect(running.url, subprotocols=[SUBPROTOCOL]) as ws:
+            ws.send(encode(hello_for(close_draft)))
+            assert isinstance(decode_server_message(ws.recv()), Welcome)
+            committed: list[int] = []
+            pending = close_draft.tokenize("def quicksort(arr):")
+            for seq, (source, label) in enumerate(rounds, start=1):
+                draft, _ = close_draft.propose(committed + pending, 4, SamplingParams(), rng)
+                fields = dict(seq=seq, committed_len=len(committed), append=pending, draft=draft)
+                request = VerifyBeforeDraftSource(**fields) if source is None else Verify(**fields, draft_source=source)
+                ws.send(encode(request))
+                verdict = decode_server_message(ws.recv())
+                assert isinstance(verdict, Verdict), verdict
+                expected[label][0] += len(draft)
+                expected[label][1] += verdict.accepted
+                committed += pending + draft[:verdict.accepted] + [verdict.token]
+                pending = []
+            ws.send(encode(Verify(seq=len(rounds) + 1, committed_len=len(committed), draft=[1],
+                                  draft_source="n" * 17)))
+            refused = decode_server_message(ws.recv())
+            assert isinstance(refused, Error) and refused.code == "bad_request" and not refused.fatal
+            assert "draft_source is longer than 16 characters" in refused.message
+        _, samples = scrape(running.url)
+    finally:
+        running.close()
+    assert all(accepted > 0 for _, accepted in expected.values()), expected  # every label is really exercised
+    for label, (drafted, accepted) in expected.items():
+        assert samples[("specwire_drafted_tokens_by_source_total", (("source", label),))] == drafted, label
+        assert samples[("specwire_accepted_tokens_by_source_total", (("source", label),))] == accepted, label
+    labels = {dict(key[1])["source"] for key in samples if key[0] == "specwire_drafted_tokens_by_source_total"}
+    assert labels == set(SOURCE_LABELS)  # "draft-v9" made no series of its own
+    assert samples[("specwire_drafted_tokens_total", ())] == sum(d for d, _ in expected.values())

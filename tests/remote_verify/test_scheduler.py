@@ -11,7 +11,8 @@ from functools import partial
 
 import pytest
 
-from remote_verify.scheduler import DeviceQueue, QueueClosed
+from remote_verify.backends import Pass
+from remote_verify.scheduler import DeviceQueue, Planned, QueueClosed, Shareable
 
 
 def test_a_busy_session_does_not_starve_the_others():
@@ -102,3 +103,131 @@ def test_a_refused_request_is_freed_without_waiting_for_the_garbage_collector():
         gc.enable()
         queue.shutdown()
     assert alive == 0, f"{alive} of 3 refused requests still alive"
+
+
+# ---- shared passes ----------------------------------------------------------------------
+
+
+class RecordingTarget:
+    """The real tiny llama.cpp target, recording which sessions each forward_many served."""
+
+    def __init__(self, target):
+        self.target = target
+        self.passes: list[list[tuple[str, int]]] = []  # per pass: (session, tokens fed)
+        self.names: dict[int, str] = {}
+
+    def forward_many(self, passes):
+        self.passes.append([(self.names[id(p.cache)], len(p.tokens)) for p in passes])
+        return self.target.forward_many(passes)
+
+
+def shareable(recorder: RecordingTarget, cache, name: str, tokens: list[int], fail: str = "") -> Shareable:
+    """A one-row pass over `tokens` whose result is (name, argmax id); `fail` refuses it at planning."""
+    recorder.names[id(cache)] = name
+
+    def plan() -> Planned:
+        if fail:
+            raise ValueError(fail)
+        held = cache.length
+        return Planned(Pass(cache, tokens, 1, argmax_only=True), lambda ids, _: (name, int(ids[0])),
+                       lambda: recorder.target.truncate(cache, held))
+
+    return Shareable(recorder, plan, lambda: len(tokens))
+
+
+def run_held(queue: DeviceQueue, jobs: list[tuple[str, object]]) -> list:
+    """Queue every (session, work) while the worker is held by another item, then let it go."""
+    gate = threading.Event()
+
+    async def main():
+        held = asyncio.ensure_future(queue.run("holder", lambda: gate.wait(5)))
+        await asyncio.sleep(0.05)
+        futures = [asyncio.ensure_future(queue.run(session, work)) for session, work in jobs]
+        await asyncio.sleep(0.05)
+        gate.set()
+        await held
+        return await asyncio.gather(*futures, return_exceptions=True)
+
+    try:
+        return asyncio.run(main())
+    finally:
+        queue.shutdown()
+
+
+@pytest.fixture()
+def recorder(llamacpp_target):
+    recorder = RecordingTarget(llamacpp_target)
+    caches = {name: llamacpp_target.new_cache() for name in "abcd"}
+    recorder.caches = caches
+    yield recorder
+    for cache in caches.values():
+        llamacpp_target.release(cache)
+
+
+def test_waiting_sessions_share_a_pass_one_round_each_in_turn(recorder):
+    """Three sessions with two rounds waiting and one with one: the first pass serves each
+    session once, in turn order; the second the three that had more; every result is its
+    own session's, the same as the same round run alone."""
+    c = recorder.caches
+    jobs = [(name, shareable(recorder, c[name], name, [10 + i, 20 + i, 30 + i]))
+            for i, name in enumerate("abc")]
+    jobs += [(name, shareable(recorder, c[name], name, [40 + i])) for i, name in enumerate("abc")]
+    jobs.append(("d", shareable(recorder, c["d"], "d", [50, 51, 52])))
+    results = run_held(DeviceQueue("test"), jobs)
+    assert [[name for name, _ in members] for members in recorder.passes] == [list("abcd"), list("abc")]
+    assert [result[0][0] for result in results] == list("abcabcd")
+
+    alone, seen = [], set()
+    for name, work in jobs:  # the same rounds, one pass each, from the same empty caches
+        if name not in seen:
+            recorder.target.truncate(c[name], 0)
+            seen.add(name)
+        alone.append(run_held(DeviceQueue("solo", batch_tokens=0), [(name, work)])[0])
+    assert [result[0] for result in results] == [result[0] for result in alone]
+    assert len(recorder.passes) == 2 + len(jobs)  # batch_tokens=0: one session a pass
+
+
+def test_a_pass_keeps_to_its_token_budget(recorder):
+    """batch_tokens=8: the session in turn always runs (even with 12 tokens, alone); another
+    joins only if its block fits what is left, and one that does not keeps its place."""
+    c = recorder.caches
+    jobs = [("a", shareable(recorder, c["a"], "a", list(range(1, 13)))),  # over the budget alone
+            ("b", shareable(recorder, c["b"], "b", [5, 6, 7, 8, 9])),
+            ("c", shareable(recorder, c["c"], "c", [5, 6, 7, 8, 9])),
+            ("d", shareable(recorder, c["d"], "d", [3, 4, 5]))]
+    run_held(DeviceQueue("test", batch_tokens=8), jobs)
+    assert recorder.passes == [[("a", 12)], [("b", 5), ("d", 3)], [("c", 5)]]
+
+
+def test_a_refusal_or_a_failed_pass_stays_with_its_session(recorder, llamacpp_target):
+    """One round refused at planning and one whose cache is gone (the shared pass fails): those
+    two get their errors; the other two get the results they get alone."""
+    c = recorder.caches
+    gone = llamacpp_target.new_cache()
+    llamacpp_target.release(gone)
+    jobs = [("a", shareable(recorder, c["a"], "a", [10, 11])),
+            ("b", shareable(recorder, c["b"], "b", [12], fail="refused")),
+            ("x", shareable(recorder, gone, "x", [13, 14])),
+            ("c", shareable(recorder, c["c"], "c", [15, 16]))]
+    results = run_held(DeviceQueue("test"), jobs)
+    assert isinstance(results[1], ValueError) and str(results[1]) == "refused"
+    assert isinstance(results[2], ValueError) and "not a live slot" in str(results[2])
+    assert recorder.passes[0] == [("a", 2), ("x", 2), ("c", 2)]  # the shared pass, failed
+    assert recorder.passes[1:] == [[("a", 2)], [("x", 2)], [("c", 2)]]  # undone, then one by one
+    for name, tokens, result in (("a", [10, 11], results[0]), ("c", [15, 16], results[3])):
+        llamacpp_target.truncate(c[name], 0)
+        expected = int(llamacpp_target.forward(c[name], tokens, 1)[0].argmax())
+        assert result[0] == (name, expected)
+
+
+def test_other_work_runs_alone_in_its_turn(recorder):
+    """A session whose next item is not a round (a Sync, a cache release) is passed over by the
+    shared pass and keeps its place in line: its item runs alone, after that pass."""
+    c = recorder.caches
+    order = []
+    jobs = [("a", shareable(recorder, c["a"], "a", [1, 2])),
+            ("b", lambda: order.append(len(recorder.passes))),
+            ("c", shareable(recorder, c["c"], "c", [3, 4]))]
+    results = run_held(DeviceQueue("test"), jobs)
+    assert recorder.passes == [[("a", 2), ("c", 2)]] and order == [1]
+    assert not any(isinstance(result, Exception) for result in results)

@@ -71,3 +71,140 @@ def test_a_missing_or_wrong_token_gets_401(torch_target, close_draft):
         client.close()
     finally:
         guarded.close()
+
+
+def test_concurrent_sessions_share_passes_and_each_equals_the_target_alone(tiny):
+    """Six speculating sessions (k = 4) and two server-only streams at once on one service:
+    their rounds and tokens share forward passes (more rounds than passes), and every greedy
+    reply equals the target alone."""
+    import threading
+
+    from local_draft.draft_model import DraftModel
+    from local_draft.server_only import ServerOnlyGenerator
+    from local_draft.speculator import Speculator
+    from remote_verify.backends.llamacpp_backend import LlamaCppTarget
+    from tests.conftest import TINY_THREADS
+    from tests.local_draft.test_fallback import target_alone
+    from wire.protocol import SamplingParams
+
+    target = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=TINY_THREADS)  # this service's alone
+    drafts = [DraftModel(tiny.draft, n_ctx=1024, n_threads=1) for _ in range(8)]  # loaded one after another
+    prompts = [drafts[0].tokenize(text) for text in ("def quicksort(arr):", "The quick brown fox", "while True:")]
+    expected = [target_alone(target, prompt, 40) for prompt in prompts]
+    running = RunningService(target)
+    replies: dict[int, list[list[int]]] = {}
+    problems: list[str] = []
+    start = threading.Barrier(8)
+
+    def session(index: int) -> None:
+        try:
+            client = VerifyClient(running.url, hello_for(drafts[index]))
+            if index < 6:
+                generate = Speculator(drafts[index], client, SamplingParams(), k=4).generate
+            else:
+                generate = ServerOnlyGenerator(client, ()).generate
+            start.wait(30)
+            replies[index] = [generate(prompts[(index + i) % 3], 40).token_ids for i in range(3)]
+            client.close()
+        except Exception as exc:  # reported below, never raised from a thread
+            problems.append(f"session {index}: {type(exc).__name__}: {exc}")
+            start.abort()
+
+    threads = [threading.Thread(target=session, args=(i,), daemon=True) for i in range(8)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        queue = running.service.queue
+        assert problems == []
+        for index, got in replies.items():
+            assert got == [expected[(index + i) % 3] for i in range(3)], f"session {index}"
+        assert len(replies) == 8
+        assert queue.shared_items > 1.5 * queue.passes, (queue.shared_items, queue.passes)
+    finally:
+        running.close()
+
+
+def test_a_session_finding_no_kv_memory_is_refused_with_a_retry_hint(tiny):
+    """A KV pool llama.cpp cannot create refuses the new session with sessions_full and a retry
+    hint; the service goes on answering health checks. (The failure is provoked by asking for
+    more sequences than llama.cpp allows, which it refuses at once: an allocation that really
+    fails would first take this machine's memory.)"""
+    from remote_verify.backends.llamacpp_backend import LlamaCppTarget
+    from tests.conftest import TINY_THREADS
+
+    class NoMemoryTarget(LlamaCppTarget):
+        def context_params(self, slots):
+            params = super().context_params(slots)
+            params.n_seq_max = 100_000  # over LLAMA_MAX_SEQ: llama.cpp refuses the context
+            return params
+
+    from local_draft.draft_model import DraftModel
+
+    draft = DraftModel(tiny.draft, n_ctx=256, n_threads=1)
+    running = RunningService(NoMemoryTarget(tiny.target_gguf, gpu_layers=0, n_threads=TINY_THREADS))
+    try:
+        with pytest.raises(VerifyError) as error:
+            VerifyClient(running.url, hello_for(draft))
+        assert error.value.code == "sessions_full" and error.value.fatal
+        assert "KV memory" in str(error.value) and "retry in" in str(error.value)
+        with urllib.request.urlopen(running.url.replace("ws://", "http://") + "/healthz", timeout=5) as response:
+            assert response.status == 200
+    finally:
+        running.close()
+
+
+def test_a_seeded_sampled_session_draws_the_same_tokens_alone_and_beside_others(tiny):
+    """Sampling (temperature 0.9, seeded): a session's tokens are the same verified alone and
+    while five other sessions share its passes, since its logits keep their bits and its draws
+    are keyed by (seed, position), never by what else ran."""
+    import threading
+
+    from local_draft.draft_model import DraftModel
+    from local_draft.speculator import Speculator
+    from remote_verify.backends.llamacpp_backend import LlamaCppTarget
+    from tests.conftest import TINY_THREADS
+    from wire.protocol import SamplingParams
+
+    params = SamplingParams(temperature=0.9)
+    drafts = [DraftModel(tiny.draft, n_ctx=1024, n_threads=1) for _ in range(6)]
+    prompt = drafts[0].tokenize("def quicksort(arr):")
+    running = RunningService(LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=TINY_THREADS))
+
+    def sampled() -> list[int]:
+        client = VerifyClient(running.url, hello_for(drafts[0], params, seed=11))
+        try:
+            return Speculator(drafts[0], client, params, k=4, seed=5).generate(prompt, 60).token_ids
+        finally:
+            client.close()
+
+    done, problems = threading.Event(), []
+
+    def neighbour(index: int) -> None:
+        try:
+            client = VerifyClient(running.url, hello_for(drafts[index], params, seed=index))
+            speculator = Speculator(drafts[index], client, params, k=3 + index % 3, seed=index)
+            while not done.is_set():
+                speculator.generate(drafts[index].tokenize("The quick brown fox"), 30)
+            client.close()
+        except Exception as exc:  # reported below, never raised from a thread
+            problems.append(f"neighbour {index}: {type(exc).__name__}: {exc}")
+
+    try:
+        alone = sampled()
+        passes_alone, items_alone = running.service.queue.passes, running.service.queue.shared_items
+        threads = [threading.Thread(target=neighbour, args=(i,), daemon=True) for i in range(1, 6)]
+        for thread in threads:
+            thread.start()
+        beside = sampled()
+        done.set()
+        for thread in threads:
+            thread.join(60)
+        queue = running.service.queue
+        assert problems == []
+        assert beside == alone and len(alone) == 60
+        assert queue.shared_items - items_alone > 1.5 * (queue.passes - passes_alone)  # they did share passes
+    finally:
+        done.set()
+        running.close()

@@ -1,0 +1,237 @@
+"""The static-cache torch target: a KV slot per session, many sessions' passes in one forward.
+
+The path a serving engine takes instead of Hugging Face eager with a DynamicCache:
+- the KV cache is allocated once (qwen2_static.StaticKV): `new_cache` hands out a slot,
+  `release` (or the cache object being collected) gives it back, and `truncate` only moves
+  the slot's length. With every slot taken, `new_cache` raises NoFreeSlot, saying so.
+- `forward_many` runs every pass as one padded batch: row r holds pass r's tokens from
+  t = 0, padding after them, each row at its own positions with its own causal mask.
+  Padding rather than packing (all tokens in one row, a block-diagonal mask): a padded
+  batch is what SDPA and a CUDA graph take as they are (static (rows, block) shapes); a
+  packed layout needs a variable-length attention kernel to avoid a mask quadratic in
+  the total. Verify blocks are short (k + 1 <= 33) and alike within a round, so padding
+  wastes little; passes are grouped by block bucket, so a long prompt never pads the
+  short blocks of the others to its length.
+- Logits are computed only at the positions a pass asked for, and for `argmax_only`
+  passes only the argmax ids leave the device.
+- On CUDA (bfloat16 there) the layers of a pass replay a CUDA graph captured once per
+  (rows, block, keys) bucket (cuda_graphs.py); the CPU runs the same forward eagerly.
+
+Padding writes: a padding token of a real row writes its keys at position `context` of its
+slot, which no valid query ever reads (valid positions are < context); padding rows of a
+graph use the scratch slot.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import weakref
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from remote_verify.backends import CacheFull, Pass
+from remote_verify.backends.qwen2_static import StaticKV, StaticQwen2
+from remote_verify.backends.torch_backend import TorchTarget
+
+log = logging.getLogger(__name__)
+
+BLOCK_BUCKETS = (1, 2, 3, 5, 9, 17, 33)  # k + 1 for k = 0, 1, 2, 4, 8, 16, 32; longer: powers of two
+MIN_KEYS = 256  # keys read per row: a power of two from this, so few graph shapes cover all lengths
+
+
+class NoFreeSlot(CacheFull):
+    """Every KV slot is held by a session (the service refuses the new one: sessions_full)."""
+
+
+class SlotCache:
+    """One session's cache: a slot of the engine's static KV cache and its filled length."""
+
+    def __init__(self, engine: StaticEngine, slot: int):
+        self.engine = engine
+        self.slot = slot
+        self.length = 0
+        # a cache dropped without release (a one-off forward, a test) still frees its slot
+        self._finalizer = weakref.finalize(self, engine.pool.give, slot)
+
+    def free(self) -> None:
+        self._finalizer()  # at most once
+
+    @property
+    def live(self) -> bool:
+        return self._finalizer.alive
+
+
+class SlotPool:
+    """Free slot ids, lowest first (sessions then share the low slots)."""
+
+    def __init__(self, slots: int):
+        self.size = slots
+        self._free = list(range(slots))
+        self._lock = threading.Lock()  # a cache collected on another thread gives its slot back there
+
+    def take(self) -> int:
+        with self._lock:
+            if not self._free:
+                raise NoFreeSlot(f"all {self.size} KV slots of the static torch cache are in use: close a "
+                                 f"session, or start the service with more (--max-sessions sizes the cache)")
+            return heapq.heappop(self._free)
+
+    def give(self, slot: int) -> None:
+        with self._lock:
+            heapq.heappush(self._free, slot)
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+
+def block_bucket(n: int) -> int:
+    for size in BLOCK_BUCKETS:
+        if n <= size:
+            return size
+    return 1 << (n - 1).bit_length()
+
+
+def row_bucket(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def keys_bucket(n: int, limit: int) -> int:
+    return min(max(MIN_KEYS, 1 << (n - 1).bit_length()), limit)
+
+
+class StaticEngine:
+    """Slots, the static forward and (on CUDA) its graphs, around a Hugging Face Qwen2 model."""
+
+    def __init__(self, hf_model, slots: int, context: int, cuda_graphs: bool = True):
+        if slots < 1 or context < 2:
+            raise ValueError(f"the static cache needs at least 1 slot and 2 positions, got {slots} and {context}")
+        self.model = StaticQwen2(hf_model)
+        self.device = self.model.device
+        self.context = context  # valid positions 0..context-1; position `context` takes padding
+        self.kv = StaticKV(self.model.shape, slots, context + 1, self.model.dtype, self.device)
+        self.rope = self.model.rope_table(context + 1)
+        self.pool = SlotPool(slots)
+        self.graphs = None
+        if cuda_graphs and self.device.type == "cuda":
+            from remote_verify.backends.cuda_graphs import GraphedForward
+
+            self.graphs = GraphedForward(self.model, self.kv, self.rope)
+        log.info("static KV cache: %d slots of %d positions (%s), CUDA graphs %s", slots, context,
+                 self.model.dtype, "on" if self.graphs else "off")
+
+    def new_cache(self) -> SlotCache:
+        return SlotCache(self, self.pool.take())
+
+    def release(self, cache: SlotCache) -> None:
+        cache.free()
+
+    def truncate(self, cache: SlotCache, length: int) -> None:
+        cache.length = min(cache.length, max(length, 0))
+
+    @torch.inference_mode()
+    def forward_many(self, passes: Sequence[Pass]) -> list[np.ndarray]:
+        """Every pass in as few forwards as there are block buckets among them (one, in a round)."""
+        for item in passes:
+            self._check(item)
+        if len({id(item.cache) for item in passes}) != len(passes):
+            raise ValueError("two passes of one forward share a cache: a session has one pass per forward")
+        results: list[np.ndarray | None] = [None] * len(passes)
+        groups: dict[int, list[int]] = {}
+        for i, item in enumerate(passes):
+            groups.setdefault(block_bucket(len(item.tokens)), []).append(i)
+        for bucket in sorted(groups):
+            chosen = [passes[i] for i in groups[bucket]]
+            for i, result in zip(groups[bucket], self._run(chosen, bucket)):
+                results[i] = result
+        return results
+
+    def _check(self, item: Pass) -> None:
+        cache = item.cache
+        if not isinstance(cache, SlotCache) or cache.engine is not self or not cache.live:
+            raise ValueError("a pass's cache must be a live slot of this target (from new_cache, not released)")
+        n = len(item.tokens)
+        if n == 0 or not 1 <= item.n_logits <= n:
+            raise ValueError(f"a pass needs tokens and 1 <= n_logits <= their number; got {n} tokens, "
+                             f"n_logits {item.n_logits}")
+        if cache.length + n > self.context:
+            raise ValueError(f"{cache.length} cached + {n} new tokens exceed the static cache's "
+                             f"{self.context} positions (serve with a larger --max-context)")
+
+    def _run(self, passes: list[Pass], bucket: int) -> list[np.ndarray]:
+        graphed = self.graphs is not None and bucket <= BLOCK_BUCKETS[-1]
+        rows = row_bucket(len(passes)) if graphed else len(passes)
+        width = bucket if graphed else max(len(item.tokens) for item in passes)
+        tokens = np.zeros((rows, width), dtype=np.int64)
+        positions = np.full((rows, width), self.context, dtype=np.int64)  # padding's position
+        slots = np.full(rows, self.kv.scratch_slot, dtype=np.int64)
+        wanted = []  # flat (row * width + t) of every logit row asked for, pass by pass
+        for r, item in enumerate(passes):
+            n, start = len(item.tokens), item.cache.length
+            tokens[r, :n] = item.tokens
+            positions[r, :n] = np.arange(start, start + n)
+            slots[r] = item.cache.slot
+            wanted.extend(range(r * width + n - item.n_logits, r * width + n))
+        keys_read = keys_bucket(int(positions[positions < self.context].max()) + 1, self.context + 1)
+        for slot in set(slots.tolist()):
+            self.kv.make_readable(slot, keys_read)
+
+        def as_tensor(array: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(array).to(self.device)
+
+        if graphed:
+            hidden = self.graphs.run(as_tensor(tokens), as_tensor(positions), as_tensor(slots), keys_read)
+        else:
+            hidden = self.model.hidden(self.kv, self.rope, as_tensor(tokens), as_tensor(slots),
+                                       as_tensor(positions), keys_read)
+        chosen = hidden.reshape(rows * width, -1)[as_tensor(np.array(wanted))]  # (N, D)
+        logits = self.model.logits(chosen)  # (N, V)
+        ids = logits.argmax(dim=-1).cpu().numpy()  # (N,): a few integers cross to the host
+        full = [i for i, item in enumerate(passes) if not item.argmax_only]
+        host_logits = None
+        if full:  # the rows of the passes that want logits, in one copy
+            starts = np.cumsum([0] + [item.n_logits for item in passes])
+            rows_wanted = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in full])
+            host_logits = logits[as_tensor(rows_wanted)].float().cpu().numpy()
+        results, offset, full_offset = [], 0, 0
+        for item in passes:
+            item.cache.length += len(item.tokens)
+            if item.argmax_only:
+                results.append(ids[offset:offset + item.n_logits])
+            else:
+                results.append(host_logits[full_offset:full_offset + item.n_logits])  # (n_logits, V)
+                full_offset += item.n_logits
+            offset += item.n_logits
+        return results
+
+
+class TorchStaticTarget(TorchTarget):
+    """TorchTarget on the static path: same model and vocabulary, served by a StaticEngine."""
+
+    def __init__(self, path: str | Path, device: str = "auto", dtype: torch.dtype | None = None,
+                 slots: int = 32, context: int = 4096, cuda_graphs: bool = True):
+        super().__init__(path, device=device, dtype=dtype, batch_invariant=False)
+        self.engine = StaticEngine(self.model, slots=slots, context=min(context, self.max_context),
+                                   cuda_graphs=cuda_graphs)
+        self.max_context = self.engine.context
+        self.name = f"torch-static:{self.device.type}"
+
+    def new_cache(self) -> SlotCache:
+        return self.engine.new_cache()
+
+    def release(self, cache: SlotCache) -> None:
+        self.engine.release(cache)
+
+    def truncate(self, cache: SlotCache, length: int) -> None:
+        self.engine.truncate(cache, length)
+
+    def forward(self, cache: SlotCache, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        return self.engine.forward_many([Pass(cache, list(tokens), n_logits)])[0]  # (n_logits, V)
+
+    def forward_many(self, passes: Sequence[Pass]) -> list[np.ndarray]:
+        return self.engine.forward_many(passes)

@@ -1,0 +1,36 @@
+"""The GPU benchmark's CPU mode (`python -m benchmarks.gpu --device cpu --tiny`) runs and reports every row."""
+
+from __future__ import annotations
+
+import json
+
+import llama_cpp
+import pytest
+
+from benchmarks.gpu import main
+
+
+def test_the_tiny_cpu_mode_measures_every_block_and_session_count(tiny, tmp_path, capsys):
+    """Every block and session count gets positive timings, the floor comes from the measured copy
+    bandwidth, the fast path picks eager's argmax, the tiny drafter is timed on the CPU (and on the GPU
+    where llama.cpp offloads), and the table and gpu.json say the same. (The timings
+    themselves are not asserted: the machine is shared.)"""
+    report = main(["--device", "cpu", "--tiny", "--repeats", "2", "--draft", str(tiny.draft), "--out", str(tmp_path)])
+
+    assert json.loads((tmp_path / "gpu.json").read_text()) == report
+    (model,) = report["models"]
+    assert model["model"] == "tiny" and model["dtype"] == "float32"
+    assert [row["block"] for row in model["blocks"]] == [1, 2, 3, 5, 9, 17]
+    assert [row["sessions"] for row in model["batched"]] == [1, 2, 4, 8, 16, 32]
+    assert all(row["eager_ms"] > 0 and row["fast_ms"] > 0 for row in model["blocks"])
+    assert all(row["fast_round_ms"] > 0 and row["eager_round_ms"] > 0 for row in model["batched"])
+    assert model["floor_ms"] == pytest.approx(1000 * model["weight_bytes"] / (model["copy_bandwidth_gb_s"] * 1e9))
+    assert model["argmax_agreement"] > 0.95  # random weights: near-flat logits, float32 on both paths
+    assert "graph_vs_eager_static_max_diff" not in model  # no CUDA graphs on the CPU
+    drafter = report["drafter"]
+    assert drafter["cpu_ms_per_token"] > 0
+    offload = llama_cpp.llama_supports_gpu_offload()
+    assert drafter["gpu_offload"] == offload and (drafter["gpu_ms_per_token"] is None) == (not offload)
+    table = capsys.readouterr().out
+    assert ("n/a (no GPU offload)" in table) == (not offload)
+    assert table.count("\n") > 6 + 6 and "floor" in table and str(tmp_path / "gpu.json") in table
