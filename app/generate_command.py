@@ -21,8 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     gen = sub.add_parser("generate", help="generate a continuation of one prompt")
     gen.add_argument("--draft", help="draft model GGUF file (default: the draft of --pair), or `ngram`: draft by "
                      "copying the context, with no model at all (a lost service is then an error)")
-    gen.add_argument("--tokenizer", help="with --draft ngram: the GGUF whose vocabulary tokenizes "
-                     "(default: the draft of --pair; only its vocabulary is read)")
+    gen.add_argument("--tokenizer", help="with --draft ngram: the GGUF whose vocabulary tokenizes (default: "
+                     "the service's, else the draft of --pair; only its vocabulary is read)")
     add_mix_argument(gen)
     gen.add_argument("--pair", default=env("SPECWIRE_PAIR"), help="model pair (default: the default pair)")
     where = gen.add_mutually_exclusive_group()
@@ -64,7 +64,7 @@ def run_generate(args: argparse.Namespace) -> int:
         raise UserError(f"--draft ngram drafts for a service to verify: it cannot run in --mode {mode} "
                         "(no model to generate offline; --mode server needs no drafter)")
     if how == "ngram":  # no model at all: a vocabulary to tokenize with
-        draft = load_tokenizer(args.tokenizer, args.pair)
+        draft = load_tokenizer(args.tokenizer, args.pair, args.server, read_token_file(args.token_file), args.ca_file)
     else:
         try:  # server mode runs no draft model: its vocabulary is enough to tokenize
             draft = DraftModel(resolve_model(args.draft, args.pair, "draft"), gpu_layers=args.draft_gpu_layers,

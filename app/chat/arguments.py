@@ -29,8 +29,8 @@ def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
     models = parser.add_argument_group("models (default: the default pair, verified by an embedded service)")
     models.add_argument("--draft", help="draft model GGUF file (default: the draft of --pair), or `ngram`: draft "
                         "by copying the context, with no model (no offline mode)")
-    models.add_argument("--tokenizer", help="with --draft ngram: the GGUF whose vocabulary tokenizes "
-                        "(default: the draft of --pair; only its vocabulary is read)")
+    models.add_argument("--tokenizer", help="with --draft ngram: the GGUF whose vocabulary tokenizes (default: "
+                        "a --server's own, else the draft of --pair; only its vocabulary is read)")
     add_mix_argument(models)
     models.add_argument("--target", help="target of the embedded service: a GGUF file or a Hugging Face folder")
     models.add_argument("--pair", default=env("SPECWIRE_PAIR"), help="model pair (default: the default pair)")

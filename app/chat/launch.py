@@ -19,6 +19,7 @@ from app.chat.settings import ChatSettings
 from app.chat.store import ChatInUse, ChatNotFound, ChatStore
 from app.generation_flags import drafting, sampling_params
 from app.model_paths import resolve_model
+from app.tokenizer_source import tokenizer_path
 from app.token_file import read_token_file
 from app.user_error import UserError
 
@@ -81,7 +82,9 @@ def settings_from(args: argparse.Namespace, store: ChatStore) -> ChatSettings:
     if how == "ngram":  # no model: a vocabulary to tokenize with, the pair's unless --tokenizer names one
         if args.offline:
             raise UserError("--draft ngram has no local model to generate with: it cannot start --offline")
-        draft = Path(resolve_model(args.tokenizer, args.pair, "draft"))
+        # a remote service's own vocabulary first; the embedded one's pair is on this machine
+        draft = tokenizer_path(args.tokenizer, args.pair, args.server, read_token_file(args.token_file),
+                               args.ca_file)
         if not draft.is_file():
             raise UserError(f"there is no tokenizer GGUF at {draft} (--tokenizer)")
     else:

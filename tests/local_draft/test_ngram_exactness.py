@@ -10,6 +10,7 @@ the time at temperature 1: both acceptance and the residual are taken).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -169,3 +170,20 @@ def test_sampled_ngram_and_mixed_drafts_follow_the_target(llamacpp_service, clos
         assert ngram > NGRAM_SAMPLES, ngram  # the n-gram drafter drafted in every generation
     else:  # both drafters drafted in many generations
         assert ngram > 0.3 * NGRAM_SAMPLES and model > 0.3 * NGRAM_SAMPLES, (ngram, model)
+
+
+def test_generate_with_draft_ngram_and_no_model_file_tokenizes_with_the_services_vocabulary(
+        llamacpp_service, close_draft, tmp_path):
+    """No --tokenizer and no pair on this machine: the service's vocabulary tokenizes, output is the target's."""
+    client = VerifyClient(llamacpp_service.url, hello_for(close_draft))
+    expected = Speculator(close_draft, client, SamplingParams(), k=0).generate(
+        close_draft.tokenize(ORDINARY[0]), MAX_TOKENS).token_ids
+    client.close()
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "SPECWIRE_CONFIG": str(tmp_path / "none.toml")}
+    run = subprocess.run(
+        [sys.executable, "-m", "app.cli", "generate", "--draft", "ngram", "--server", llamacpp_service.url,
+         "--prompt", ORDINARY[0], "--max-tokens", str(MAX_TOKENS), "--temperature", "0", "--json"],
+        capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["token_ids"] == expected
+    assert list((tmp_path / "cache" / "specwire" / "vocab").glob("*.gguf"))  # it came from the service
