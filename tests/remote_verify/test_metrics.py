@@ -60,9 +60,10 @@ def test_metrics_count_what_the_client_saw(llamacpp_target, close_draft):
     assert samples[("specwire_rounds_total", ())] == stats.rounds
     assert samples[("specwire_drafted_tokens_total", ())] == stats.drafted
     assert samples[("specwire_accepted_tokens_total", ())] == stats.accepted
-    # this client does not name its drafter: its tokens count as "unstated"
-    assert samples[("specwire_drafted_tokens_by_source_total", (("source", "unstated"),))] == stats.drafted
-    assert samples[("specwire_accepted_tokens_by_source_total", (("source", "unstated"),))] == stats.accepted
+    # the Speculator names its drafter (the model) on every block it sends
+    assert samples[("specwire_drafted_tokens_by_source_total", (("source", "model"),))] == stats.drafted
+    assert samples[("specwire_accepted_tokens_by_source_total", (("source", "model"),))] == stats.accepted
+    assert samples[("specwire_drafted_tokens_by_source_total", (("source", "unstated"),))] == 0
     for position, accepted in enumerate(stats.accepted_per_position):
         if accepted:
             assert samples[("specwire_accepted_at_position_total", (("position", str(position)),))] == accepted
