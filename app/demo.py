@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 from app.generation_flags import k_flag
-from app.threads_flags import add_draft_threads_argument
+from app.threads_flags import add_draft_threads_argument, colocated_serve_flags
 from app.user_error import UserError
-from wire.threads import DRAFT_THREADS, shared_service_threads
+from wire.threads import DRAFT_THREADS
 
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 DEMO_PROMPTS = ["def quicksort(arr):", CHAT.format("What does a Python decorator do?"), "The quick brown fox"]
@@ -101,8 +101,8 @@ def run_demo(k: int | None, max_tokens: int, tiny: bool, draft_threads: int = DR
 
     draft_path, target_path = demo_models(tiny)
     print(f"starting a verification service for {target_path.name} ...", flush=True)
-    # one machine, two llama.cpp models: the drafter's threads, and the physical cores left to the service
-    service, url = start_service(target_path, "--threads", str(shared_service_threads(draft_threads)))
+    # one machine, two llama.cpp models: the drafter's threads, and the service's share (wire/threads.py)
+    service, url = start_service(target_path, *colocated_serve_flags(draft_threads))
     print(f"verification service listening on {url}\n", flush=True)
     try:
         draft = DraftModel(draft_path, n_threads=draft_threads)

@@ -139,6 +139,7 @@ def run_serve(args: argparse.Namespace) -> int:
                            limits=SessionLimits(max_draft=args.max_draft, max_context=args.max_context),
                            service_limits=limits, batch_tokens=args.batch_tokens)
     service = VerifyService(lambda: load_backend(args.backend, target, device=args.device, threads=args.threads,
+                                                 batch_threads=args.batch_threads,
                                                  batch_invariant=args.batch_invariant, torch_static=args.torch_static,
                                                  sessions=args.max_sessions, max_context=args.max_context), config)
 

@@ -5,7 +5,8 @@
 Two thread settings side by side, each in fresh processes (OpenMP reads its wait policy
 when llama.cpp loads, so a setting cannot change within one process):
 - `plan`: what specwire does by default (wire/threads.py): the drafter on 1 thread, the
-  service on the physical cores the drafter leaves, OpenMP threads sleeping while they wait;
+  service's one-token steps on the physical cores the drafter leaves and its blocks on
+  every physical core, OpenMP threads sleeping while they wait;
 - `all cores`: what it did before: both on every logical CPU, OpenMP's default wait (spin,
   then sleep). Its OMP_WAIT_POLICY is set to an empty value, which libgomp reports as invalid
   and then ignores, so that specwire's own PASSIVE default does not apply.
@@ -34,14 +35,15 @@ PROBE_BLOCKS = 5
 
 
 def settings() -> dict[str, dict]:
-    """name -> {"draft": drafter threads, "service": service threads, "env": environment overrides}."""
-    from wire.threads import DRAFT_THREADS, shared_service_threads, usable_cpus
+    """name -> {"draft": drafter threads, "service": serve's thread flags, "env": environment overrides}."""
+    from app.threads_flags import colocated_serve_flags
+    from wire.threads import DRAFT_THREADS, usable_cpus
 
     logical = len(usable_cpus())
     return {
-        "plan": {"draft": DRAFT_THREADS, "service": shared_service_threads(DRAFT_THREADS),
+        "plan": {"draft": DRAFT_THREADS, "service": colocated_serve_flags(DRAFT_THREADS),
                  "env": {"OMP_WAIT_POLICY": "PASSIVE"}},
-        "all cores": {"draft": logical, "service": logical, "env": {"OMP_WAIT_POLICY": ""}},
+        "all cores": {"draft": logical, "service": ["--threads", str(logical)], "env": {"OMP_WAIT_POLICY": ""}},
     }
 
 
@@ -82,7 +84,7 @@ def end_to_end(draft: str, target: str, setting: dict, max_tokens: int) -> dict:
     """A service and one `generate` with this setting: tokens/s and time to first token."""
     env = child_env(setting["env"])
     service = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--target", target, "--backend", "llamacpp",
-                                "--port", "0", "--threads", str(setting["service"])],
+                                "--port", "0", *setting["service"]],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:
         line = service.stdout.readline()

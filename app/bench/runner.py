@@ -22,8 +22,9 @@ from app.bench.modes import Mode, Run
 from app.bench.prompts import PROMPTS
 from app.demo import start_service
 from app.latency_proxy import LatencyProxy
+from app.threads_flags import colocated_serve_flags
 from wire.protocol import SamplingParams
-from wire.threads import DRAFT_THREADS, shared_service_threads
+from wire.threads import DRAFT_THREADS
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +85,8 @@ def run_bench(config: BenchConfig, progress: Callable[[int, int], None]) -> list
         os.sched_setaffinity(0, client_cores)  # before llama.cpp counts its threads
     draft = DraftModel(config.draft, n_threads=config.draft_threads)
     # Pinned, the service takes the physical cores of its half; sharing every core, it takes
-    # what the drafter leaves, as the chat's embedded service does (wire/threads.py).
-    threads = [] if service_cores else ["--threads", str(shared_service_threads(config.draft_threads))]
+    # the thread plan's share, as the chat's embedded service does (wire/threads.py).
+    threads = [] if service_cores else colocated_serve_flags(config.draft_threads)
     service, url = start_service(config.target, "--backend", config.backend, "--max-context", str(SERVICE_CONTEXT),
                                  *threads, cpus=service_cores)
     proxies: list[LatencyProxy] = []

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +41,12 @@ def describe_exit(returncode: int) -> str:
 class EmbeddedService:
     """One `specwire serve` child: start it, wait for it, restart it if it dies, stop it."""
 
-    def __init__(self, target: str, backend: str = "auto", threads: int | None = None, restart: bool = True,
+    def __init__(self, target: str, backend: str = "auto", thread_flags: Sequence[str] = (), restart: bool = True,
                  on_output: Callable[[str], None] | None = None,
                  on_event: Callable[[str, bool], None] | None = None):
         self.target = target
         self.backend = backend
-        self.threads = threads  # the service's llama.cpp threads; None: its default (every physical core)
+        self.thread_flags = list(thread_flags)  # serve's thread flags (none: its default, every physical core)
         self.restart = restart
         self.on_output = on_output  # each line the service logs (loading progress)
         self.on_event = on_event  # (what happened, whether it is running now)
@@ -67,8 +67,8 @@ class EmbeddedService:
     def command(self) -> list[str]:
         # -P: never import a stray `app` package from the current directory
         return [sys.executable, "-P", "-m", "app.cli", "-v", "serve", "--target", self.target,
-                "--backend", self.backend, "--host", "127.0.0.1", "--port", str(self.port), "--exit-with-parent"] + (
-                    ["--threads", str(self.threads)] if self.threads else [])
+                "--backend", self.backend, "--host", "127.0.0.1", "--port", str(self.port), "--exit-with-parent",
+                *self.thread_flags]
 
     def launch(self) -> None:
         """Start the child without waiting for it (the caller can load the drafter meanwhile)."""

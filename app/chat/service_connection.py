@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Callable
 
 from app.chat.embedded_service import EmbeddedService, EmbeddedServiceError
-from wire.threads import shared_service_threads
 from app.chat.settings import ChatSettings
 from app.chat.state import Connection, EngineListener, StartupProblem
+from app.threads_flags import colocated_serve_flags
 from local_draft.service_link import LinkState, ServiceLink
 from local_draft.verify_client import ServiceUnreachable, VerifyError
 from wire.protocol import Hello
@@ -42,7 +42,7 @@ class ServiceConnection:
                                  retry_possible=False)
         listener = self._listener()
         self.service = EmbeddedService(target, self.settings.backend,
-                                       threads=shared_service_threads(self.settings.draft_threads),
+                                       thread_flags=colocated_serve_flags(self.settings.draft_threads),
                                        restart=self.settings.restart_service,
                                        on_output=lambda line: listener.progress(line, True),
                                        on_event=self._on_service_event)

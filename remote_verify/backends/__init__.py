@@ -67,15 +67,16 @@ def run_passes(backend: TargetBackend, passes: Sequence[Pass]) -> list[np.ndarra
 
 
 def load_backend(kind: str, target: str | Path, device: str = "auto", threads: int | None = None,
-                 batch_invariant: bool | None = None, torch_static: bool = False, sessions: int = 32,
+                 batch_threads: int | None = None, batch_invariant: bool | None = None, torch_static: bool = False, sessions: int = 32,
                  max_context: int = 4096) -> TargetBackend:
     """Load a target (GGUF file or Hugging Face folder) with the named backend.
 
     "auto" picks torch when CUDA is available and llama.cpp otherwise (a GGUF target is
     then verified by llama.cpp on the CPU, several times faster than de-quantized torch).
     "onnx" (an export made by `specwire models export-onnx`) is only ever chosen by name.
-    `threads`: llama.cpp's CPU threads (None: the physical cores, wire/threads.py); the
-    torch and ONNX backends keep their runtimes' own thread settings.
+    `threads`: llama.cpp's CPU threads for one-token steps (None: the physical cores,
+    wire/threads.py), `batch_threads` for blocks (None: as many as `threads`); the torch
+    and ONNX backends keep their runtimes' own thread settings.
     `batch_invariant` None keeps the backend's default: on for llama.cpp, whose invariant
     kernels cost a fraction of a pass, off for torch and ONNX Runtime, where it means
     decoding a block token by token.
@@ -107,6 +108,7 @@ def load_backend(kind: str, target: str | Path, device: str = "auto", threads: i
         from remote_verify.backends.llamacpp_backend import LlamaCppTarget
 
         return LlamaCppTarget(target, gpu_layers=0 if device == "cpu" else -1, n_threads=threads,
+                              n_threads_batch=batch_threads,
                               batch_invariant=batch_invariant is not False)
     if kind == "onnx":
         if not is_onnx_export(target):

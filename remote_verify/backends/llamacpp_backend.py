@@ -101,7 +101,7 @@ class LlamaCache:
 class LlamaCppTarget:
     def __init__(self, path: str | Path, max_context: int = 4096, gpu_layers: int = -1,
                  n_threads: int | None = None, batch_invariant: bool = True, slots: int = SLOTS,
-                 grow: bool = True):
+                 grow: bool = True, n_threads_batch: int | None = None):
         if slots < 1:
             raise ValueError(f"a KV pool needs at least one slot, got {slots}")
         self.path = Path(path)
@@ -123,7 +123,8 @@ class LlamaCppTarget:
         self.max_context = min(max_context, int(llama_cpp.llama_model_n_ctx_train(self.model.model)))
         self.bos_id = int(llama_cpp.llama_vocab_bos(self._vocab))
         self.eos_id = int(llama_cpp.llama_vocab_eos(self._vocab))
-        self.n_threads = n_threads or service_threads()  # physical cores: wire/threads.py
+        self.n_threads = n_threads or service_threads()  # one-token steps; physical cores: wire/threads.py
+        self.n_threads_batch = n_threads_batch or self.n_threads  # blocks: verification, prompts
         offload = llama_cpp.llama_supports_gpu_offload() and gpu_layers != 0
         self.name = f"llamacpp:{'gpu' if offload else 'cpu'}"
         self.batch_invariant = batch_invariant and not offload and not has_llamafile_kernels()
@@ -160,7 +161,7 @@ class LlamaCppTarget:
         params.n_ctx = slots * self.max_context  # split evenly between the streams
         params.n_batch = N_BATCH
         params.n_ubatch = N_BATCH
-        params.n_threads = params.n_threads_batch = self.n_threads
+        params.n_threads, params.n_threads_batch = self.n_threads, self.n_threads_batch
         # Batch-invariant attention: flash attention rounds keys and values to float16 and
         # splits a single query's sum over the cache from 512 positions on, so a token
         # would score differently alone and in a block; float32 keys/values and plain

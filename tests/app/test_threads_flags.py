@@ -6,7 +6,8 @@ import pytest
 
 from app.chat.embedded_service import EmbeddedService
 from app.cli import build_parser
-from wire.threads import DRAFT_THREADS, physical_cores, shared_service_threads
+from app.threads_flags import colocated_serve_flags
+from wire.threads import DRAFT_THREADS, physical_cores
 
 CLIENT_COMMANDS = [["generate", "--prompt", "x"], ["chat"], ["demo"], ["bench"]]
 
@@ -42,12 +43,28 @@ def test_serve_threads(monkeypatch, capsys):
     assert "--threads: a thread count is at least 1" in capsys.readouterr().err
 
 
-def test_embedded_service_gets_the_cores_the_drafter_leaves():
-    """The chat's service is started with the physical cores less the drafter's threads (at least 1)."""
-    service = EmbeddedService("t.gguf", "llamacpp", threads=shared_service_threads(1))
+def test_serve_batch_threads(monkeypatch, capsys):
+    """serve --batch-threads: default None (as many as --threads), a value, the environment, a refusal."""
+    monkeypatch.delenv("SPECWIRE_BATCH_THREADS", raising=False)
+    assert build_parser().parse_args(["serve"]).batch_threads is None
+    assert build_parser().parse_args(["serve", "--batch-threads", "3"]).batch_threads == 3
+    monkeypatch.setenv("SPECWIRE_BATCH_THREADS", "4")
+    assert build_parser().parse_args(["serve", "--threads", "1"]).batch_threads == 4
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--batch-threads", "none"])
+    assert "--batch-threads: a thread count is a whole number" in capsys.readouterr().err
+
+
+def test_embedded_service_gets_the_colocated_share():
+    """The chat's service decodes with the physical cores less the drafter's threads (at least 1) and
+    runs blocks with every physical core."""
+    service = EmbeddedService("t.gguf", "llamacpp", thread_flags=colocated_serve_flags(1))
     command = service.command()
     assert command[command.index("--threads") + 1] == str(max(1, physical_cores() - 1))
+    assert command[command.index("--batch-threads") + 1] == str(physical_cores())
     assert "--threads" not in EmbeddedService("t.gguf", "llamacpp").command()
+    parsed = build_parser().parse_args(["serve", *colocated_serve_flags(1)])  # serve takes them as they are
+    assert (parsed.threads, parsed.batch_threads) == (max(1, physical_cores() - 1), physical_cores())
 
 
 def test_models_take_the_planned_threads(tiny):
@@ -57,7 +74,12 @@ def test_models_take_the_planned_threads(tiny):
 
     assert DraftModel(tiny.draft, n_ctx=256).n_threads == 1
     assert DraftModel(tiny.draft, n_ctx=256, n_threads=2).n_threads == 2
-    assert load_backend("llamacpp", tiny.target_gguf, device="cpu", threads=1).n_threads == 1
+    one = load_backend("llamacpp", tiny.target_gguf, device="cpu", threads=1)
+    assert (one.n_threads, one.n_threads_batch) == (1, 1)  # blocks take --threads unless told otherwise
+    split = load_backend("llamacpp", tiny.target_gguf, device="cpu", threads=1, batch_threads=2)
+    assert (split.n_threads, split.n_threads_batch) == (1, 2)
+    params = split.context_params(1)
+    assert (params.n_threads, params.n_threads_batch) == (1, 2)
     assert load_backend("llamacpp", tiny.target_gguf, device="cpu").n_threads == physical_cores()
 
 
@@ -70,13 +92,15 @@ def write_config(tmp_path, monkeypatch, text: str):
 
 @pytest.mark.parametrize("command", CLIENT_COMMANDS)
 def test_config_file_threads_below_flag_and_environment(command, tmp_path, monkeypatch):
-    """[threads] in the config file sets both counts; the environment beats it and the flag beats both."""
+    """[threads] in the config file sets the counts; the environment beats it and the flag beats both."""
     monkeypatch.delenv("SPECWIRE_DRAFT_THREADS", raising=False)
     monkeypatch.delenv("SPECWIRE_THREADS", raising=False)
-    write_config(tmp_path, monkeypatch, "[threads]\ndraft = 2\nservice = 3\n")
+    monkeypatch.delenv("SPECWIRE_BATCH_THREADS", raising=False)
+    write_config(tmp_path, monkeypatch, "[threads]\ndraft = 2\nservice = 3\nservice_batch = 8\n")
     parser = build_parser()
     assert parser.parse_args(command).draft_threads == 2
     assert parser.parse_args(["serve"]).threads == 3
+    assert parser.parse_args(["serve"]).batch_threads == 8
     assert parser.parse_args(command + ["--draft-threads", "4"]).draft_threads == 4
     monkeypatch.setenv("SPECWIRE_DRAFT_THREADS", "5")
     monkeypatch.setenv("SPECWIRE_THREADS", "6")
@@ -88,7 +112,7 @@ def test_config_file_threads_below_flag_and_environment(command, tmp_path, monke
 @pytest.mark.parametrize("text, says", [
     ("[threads]\ndraft = 0\n", "[threads] draft: a thread count is at least 1"),
     ("[threads]\ndraft = \"two\"\n", "[threads] draft must be a whole number, got 'two'"),
-    ("[threads]\ndrafter = 2\n", "[threads] has no setting drafter (there are draft, service)"),
+    ("[threads]\ndrafter = 2\n", "[threads] has no setting drafter (there are draft, service, service_batch)"),
     ("[threads\n", "cannot read the config file"),
 ])
 def test_a_wrong_config_file_count_names_the_file_and_key(text, says, tmp_path, monkeypatch, capsys):

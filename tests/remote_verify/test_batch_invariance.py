@@ -96,6 +96,36 @@ def test_the_default_target_verifies_blocks_of_nine_bit_for_bit():
         "repacked weights gave the same bits: this check would not see a batch-shaped kernel")
 
 
+
+def thread_split_rows(path, first_id: int, **options) -> tuple[np.ndarray, np.ndarray]:
+    """(one token at a time on 1 thread, blocks of 5 on 1 thread for steps and 2 for blocks): the
+    split a service started beside a drafter runs with (wire/threads.py)."""
+    prompt = list(range(first_id, first_id + 40))
+    continuation = [first_id + (7 * i + 3) % 200 for i in range(16)]
+    alone = LlamaCppTarget(path, gpu_layers=0, n_threads=1, slots=1, **options)
+    split = LlamaCppTarget(path, gpu_layers=0, n_threads=1, n_threads_batch=2, slots=1, **options)
+    return one_at_a_time(alone, prompt, continuation), in_blocks(split, prompt, continuation, 5)
+
+
+def test_more_threads_for_blocks_move_no_logit(tiny):
+    """A block run on 2 threads scores like its tokens decoded one at a time on 1: a thread count
+    splits the work of a matrix product, never a sum."""
+    single, blocked = thread_split_rows(tiny.target_gguf, 5, max_context=256)
+    assert differing_rows(single, blocked) == []
+
+
+@pytest.mark.slow
+def test_the_default_target_scores_the_same_with_more_threads_for_blocks():
+    """Qwen2.5-Coder-1.5B Q4_K_M (quantized kernels): the colocated split, steps on 1 thread and
+    blocks on 2, gives the bits of one thread throughout."""
+    from models.fetch import fetch_chunks
+    from models.registry import QWEN_CODER, file_path
+
+    path = file_path(QWEN_CODER, QWEN_CODER.target)
+    fetch_chunks(QWEN_CODER.target.chunks, path)
+    single, blocked = thread_split_rows(path, 1000, max_context=512)
+    assert differing_rows(single, blocked) == []
+
 # ---- several sessions in one pass (remote_verify/backends/llamacpp_backend.py, forward_many) ----
 
 NEIGHBOUR_HISTORIES = [3, 31, 33, 64, 100, 257, 300]  # cached lengths around the SIMD and padding steps
