@@ -178,6 +178,15 @@ class DraftModel:
             raise DraftModelError(
                 f"context full: {len(context)} tokens + {k} drafted exceeds the draft context of {self.n_ctx}")
 
+    def lag(self, context: Sequence[int]) -> int:
+        """How many tokens of `context` a catch-up would evaluate now."""
+        cached = self._llama.input_ids[: self._llama.n_tokens]
+        common = 0
+        limit = min(len(cached), len(context))
+        while common < limit and cached[common] == context[common]:
+            common += 1
+        return len(context) - min(common, len(context) - 1)
+
     def keep_up(self, context: Sequence[int], should_stop: Callable[[], bool] | None = None) -> None:
         """Evaluate what of `context` the cache lacks, so a later block starts without a catch-up.
 
@@ -199,12 +208,7 @@ class DraftModel:
         (the cache then holds a prefix of `context`, which the next catch-up reuses)."""
         if not context:
             raise DraftModelError("empty context: drafting needs at least one token (the prompt or BOS)")
-        cached = self._llama.input_ids[: self._llama.n_tokens]
-        common = 0
-        limit = min(len(cached), len(context))
-        while common < limit and cached[common] == context[common]:
-            common += 1
-        common = min(common, len(context) - 1)  # the last token is re-run for its logits
+        common = len(context) - self.lag(context)  # the last token is re-run for its logits
         self.rollback(common)
         pending = list(context[common:])
         self.last_catch_up = len(pending)

@@ -104,6 +104,7 @@ class Speculator:
         self._keyed: VerifyClient | None = None  # the connection that has been sent self._seed
         self._client: VerifyClient | None = None  # the connection _service_history refers to
         self._service_history: list[int] = []  # what the service holds, as far as we know
+        self._unrun = 1  # history tokens the service runs before the next block: its last one, or a Sync's new part
         self._seq = 0
         self._bytes_before_client = (0, 0)  # byte counts of connections since replaced
         self._ahead: DraftedAhead | None = None
@@ -156,6 +157,7 @@ class Speculator:
         history = list(context)
         new: list[int] = []
         stats = self.stats = GenerationStats()
+        self.controller.new_reply()
         self._use_current_client()  # so that the byte counts start after any handshake
         sent0, received0 = self._byte_counts()
         stop_reason = "max_tokens"
@@ -236,7 +238,8 @@ class Speculator:
         if self.choice is not None:
             self.choice.score(committed)  # the n-gram drafter's acceptance, whoever drafted
         self._account(stats, verdict, round_trip, k=len(draft), draft_s=draft_s,
-                      drafted_now=drafted_now, fed=len(request.append) + len(draft) + 1, source=plan.source)
+                      drafted_now=drafted_now, fed=self._unrun + len(request.append) + len(draft), source=plan.source)
+        self._unrun = 1
         return committed, ["draft"] * verdict.accepted + ["target"]
 
     # ---- drafting ---------------------------------------------------------------------
@@ -360,6 +363,11 @@ class Speculator:
         self._seq += 1
         self._client.sync(Sync(seq=self._seq, tokens=list(history), seed=self._seed))
         self._keyed = self._client
+        # the service keeps the cache of what the old history shares with the new (remote_verify/session.py)
+        old, common = self._service_history, 0
+        while common < min(len(old) - 1, len(history) - 1) and old[common] == history[common]:
+            common += 1
+        self._unrun = len(history) - common
         self._service_history = list(history)
         self.stats.syncs += 1
         self.stats.round_trips += 1

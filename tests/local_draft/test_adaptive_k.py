@@ -111,3 +111,83 @@ def test_probes_from_zero_often_when_drafting_could_pay_and_rarely_otherwise():
                         wire_s=0.0, rounds=300)
     assert set(hopeless[100:]) == {0, PROBE_K}
     assert hopeless[100:].count(PROBE_K) <= 200 // REFRESH_EVERY + 1
+
+
+def rounds_of_a_reply(controller: AdaptiveK, alpha: float, rounds: int, seed: int = 0, **costs) -> list[tuple[int, int]]:
+    """A new reply of `rounds` rounds at acceptance `alpha`: (k, accepted) of each."""
+    controller.new_reply()
+    rng, out = np.random.default_rng(seed), []
+    for _ in range(rounds):
+        k = controller.choose(remaining=1000)
+        accepted = 0
+        while accepted < k and rng.random() < alpha:
+            accepted += 1
+        controller.observe(RoundTiming(k=k, accepted=accepted, draft_s=costs["draft_token_s"] * k, draft_tokens=k,
+                                       fed_tokens=k + 1, service_s=costs["step_s"] + costs["verify_token_s"] * k,
+                                       wire_s=costs["wire_s"]))
+        out.append((k, accepted))
+    return out
+
+
+CPU_AT_0_MS = dict(draft_token_s=0.033, step_s=0.06, verify_token_s=0.035, wire_s=0.001)
+
+
+def test_a_reply_of_prose_after_code_wastes_few_draft_tokens():
+    """After a reply where every token was accepted, a reply at acceptance 0.3 starts with a block
+    of at most START_K and throws away few drafted tokens: the last reply's acceptance is a
+    starting point, not a certainty (before, the first block was 16 and alpha took a dozen rounds to fall)."""
+    controller = AdaptiveK(pipelined=True)
+    code = rounds_of_a_reply(controller, 1.0, 30, **CPU_AT_0_MS)
+    assert max(k for k, _ in code) >= 8  # code earned long blocks
+    prose = rounds_of_a_reply(controller, 0.3, 20, seed=1, **CPU_AT_0_MS)
+    assert prose[0][0] <= START_K
+    rejected = sum(k - accepted for k, accepted in prose)
+    assert rejected <= 8, prose
+
+
+def test_without_a_new_reply_the_old_acceptance_lingers():
+    """The control: the same two texts as one reply (no new_reply between them) throw away more."""
+    controller = AdaptiveK(pipelined=True)
+    rounds_of_a_reply(controller, 1.0, 30, **CPU_AT_0_MS)
+    rng, rejected = np.random.default_rng(1), 0
+    for _ in range(20):
+        k = controller.choose(remaining=1000)
+        accepted = 0
+        while accepted < k and rng.random() < 0.3:
+            accepted += 1
+        rejected += k - accepted
+        controller.observe(RoundTiming(k=k, accepted=accepted, draft_s=0.033 * k, draft_tokens=k, fed_tokens=k + 1,
+                                       service_s=0.06 + 0.035 * k, wire_s=0.001))
+    assert rejected > 8
+
+
+def test_a_block_grows_to_at_most_twice_what_the_last_got_right():
+    """From START_K at a reply's start, each block at most 2 x (accepted + 1) of the round before."""
+    controller = AdaptiveK(pipelined=True)
+    rounds = rounds_of_a_reply(controller, 0.8, 60, **dict(CPU_AT_0_MS, wire_s=0.1))
+    assert rounds[0][0] <= START_K
+    for (_, accepted), (k, _) in zip(rounds, rounds[1:]):
+        assert k <= max(START_K, 2 * (accepted + 1)), rounds
+
+
+def test_code_after_prose_is_probed_at_once():
+    """After a reply that settled on k = 0, the next reply's first choice drafts a probe even where
+    its starting acceptance says k = 0, and a text that drafts well goes on drafting."""
+    controller = AdaptiveK(pipelined=True)
+    prose = rounds_of_a_reply(controller, 0.05, 40, **CPU_AT_0_MS)
+    assert [k for k, _ in prose[-10:]].count(0) >= 8
+    assert controller.best_k((controller.alpha + 0.7) / 2, 4) == 0  # where the next reply starts: no drafting
+    code = rounds_of_a_reply(controller, 1.0, 12, seed=2, **CPU_AT_0_MS)
+    assert code[0][0] == PROBE_K
+    assert all(k > 0 for k, _ in code[:4]), code
+
+
+def test_a_one_token_step_is_timed_apart_from_blocks():
+    """A service that runs blocks on more threads than steps (wire/threads.py): a step 60 ms,
+    a block of n tokens 20 + 25 n ms. The step is predicted as measured, not from the block line."""
+    controller = AdaptiveK()
+    for k in [0, 4, 0, 2, 6, 0, 4, 2]:
+        controller.observe(RoundTiming(k=k, accepted=k, draft_s=0.03 * k, draft_tokens=k, fed_tokens=k + 1,
+                                       service_s=0.06 if k == 0 else 0.02 + 0.025 * (k + 1), wire_s=0.001))
+    assert controller.verify_s(1) == pytest.approx(0.06)
+    assert controller.verify_s(5) == pytest.approx(0.145, rel=0.02)

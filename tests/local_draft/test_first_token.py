@@ -69,3 +69,22 @@ def test_block_drafted_while_the_prompt_is_verified_is_used(slow_link, close_dra
     assert result.token_ids == reference.token_ids
     assert len(rounds[0][0]) == 1 and result.stats.ahead_used > 0
 
+
+
+def test_a_new_prompt_is_timed_as_the_block_it_is(service_on, close_draft):
+    """The first round of a new prompt follows a Sync: the service runs every token the new
+    history does not share with the old one, and the controller must see that many fed tokens,
+    not 1 (a prompt timed as one decode step made steps look 3x dearer, and k = 1 look cheap)."""
+    client = VerifyClient(service_on("llamacpp").url, hello_for(close_draft))
+    speculator = Speculator(close_draft, client, SamplingParams(), k=None)
+    timings = []
+    observe = speculator.controller.observe
+    speculator.controller.observe = lambda timing: (timings.append(timing), observe(timing))
+    first, second = close_draft.tokenize(PROMPTS[0]), close_draft.tokenize(PROMPTS[1])
+    speculator.generate(first, 4)
+    timings.clear()
+    speculator.generate(second, 4)
+    client.close()
+    shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)  # a BOS, say: kept in the cache
+    assert timings[0].k == 0 and timings[0].fed_tokens == len(second) - shared
+    assert all(timing.fed_tokens == timing.k + 1 for timing in timings[1:])
