@@ -190,6 +190,11 @@ class AdaptiveK:
             hidden = alpha ** (k + 1) * min(draft, wire + verify)
         return tokens / max(draft - hidden + wire + verify, 1e-6)
 
+    @property
+    def wire_s(self) -> float | None:
+        """The measured round trip less the service's time (None before any round)."""
+        return self._wire_s.value
+
     def verify_s(self, fed: int) -> float:
         """The service's expected time for `fed` tokens: a one-token step as measured, if it was."""
         step = self._step_s.value

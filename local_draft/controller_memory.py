@@ -18,10 +18,10 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from local_draft.adaptive_k import AdaptiveK
+from local_draft.verify_client import LOOPBACK
 
 log = logging.getLogger(__name__)
 
-LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 MAX_ENTRIES = 64  # services x pairs; the oldest are dropped beyond it
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -30,8 +31,10 @@ log = logging.getLogger(__name__)
 
 WIRE_TOP_K_CAP = 64  # draft distributions travel as their 64 most likely tokens at most
 # A catch-up that may be cut short (while a verdict is in flight) runs in pieces this long,
-# so that a prompt's prefill delays the verdict by at most one piece.
-CATCH_UP_PIECE = 8
+# so that a prompt's prefill delays the verdict by at most one piece: on one core of this
+# project's CPU, the 0.5B drafter takes 51 ms for 2 tokens (26 ms each) and 152 ms for 8
+# (19 ms each), and the verdict of a one-token step comes after 60.
+CATCH_UP_PIECE = 2
 
 
 class DraftModelError(RuntimeError):
@@ -73,6 +76,7 @@ class DraftModel:
         self.gpu_offload = bool(llama_cpp.llama_supports_gpu_offload()) and gpu_layers != 0
         self._fingerprint: str | None = None
         self.last_catch_up = 0  # tokens the last propose() had to evaluate before drafting
+        self.piece_s = 0.0  # how long a piece of an interruptible catch-up takes (recent mean; 0: not seen)
         self._end_ids: frozenset[int] | None = None
         log.info("draft model %s: vocab %d, gpu offload %s", path.name, self.vocab_size, self.gpu_offload)
 
@@ -218,7 +222,11 @@ class DraftModel:
         for start in range(0, len(pending), CATCH_UP_PIECE):
             if should_stop():
                 return False
+            started = time.perf_counter()
             self._llama.eval(pending[start:start + CATCH_UP_PIECE])
+            if start + CATCH_UP_PIECE <= len(pending):  # a whole piece: how long the next one will take
+                self.piece_s = 0.5 * self.piece_s + 0.5 * (time.perf_counter() - started) if self.piece_s else (
+                    time.perf_counter() - started)
         return True
 
     def _last_logits(self) -> np.ndarray:

@@ -55,6 +55,20 @@ OnCommit = Callable[[list[int], list[str]], None]  # (tokens, provenance of each
 ShouldStop = Callable[[], bool]
 
 
+def _after_the_first_call(should_stop: Callable[[], bool]) -> Callable[[], bool]:
+    """`should_stop`, except that the first call answers False."""
+    asked = False
+
+    def stop() -> bool:
+        nonlocal asked
+        if not asked:
+            asked = True
+            return False
+        return should_stop()
+
+    return stop
+
+
 class FixedLink:
     """A bare client as a link that never reconnects: losing its service is an error."""
 
@@ -104,6 +118,7 @@ class Speculator:
         self._keyed: VerifyClient | None = None  # the connection that has been sent self._seed
         self._client: VerifyClient | None = None  # the connection _service_history refers to
         self._service_history: list[int] = []  # what the service holds, as far as we know
+        self._reading = False  # this round: the drafter is still reading the text (a prompt), not drafting
         self._unrun = 1  # history tokens the service runs before the next block: its last one, or a Sync's new part
         self._seq = 0
         self._bytes_before_client = (0, 0)  # byte counts of connections since replaced
@@ -135,7 +150,12 @@ class Speculator:
         # Adaptive k's first round verifies the prompt alone: drafting first would make the
         # user wait for the drafter's prefill and block before the first token.
         prompt_round = first and self.k is None
-        model_k = 0 if prompt_round or self.draft is None else self._round_k(remaining)
+        # Nor does it draft while the drafter is still reading (a prompt it read only in part
+        # during the first round): that catch-up would stall the round; a round at k = 0 lets
+        # it go on reading, in pieces, while the verdict is in flight.
+        reading = self.k is None and self.draft is not None and self.draft.lag(history) > CATCH_UP_TIMED
+        self._reading = reading and not prompt_round
+        model_k = 0 if prompt_round or reading or self.draft is None else self._round_k(remaining)
         if self.choice is None:
             return RoundPlan("model", model_k)
         # The n-gram drafter has no prefill to hide: it may draft in the first round too.
@@ -212,17 +232,20 @@ class Speculator:
             ahead_room = min(k, remaining - len(draft) - 2)  # the next round's block, if all goes well
             if plan.source == "ngram":  # a block ahead is the model's: of the length it drafts
                 ahead_room = min(ahead_room, self.controller.last_choice)
-            if prompt_round and self.pipeline:  # the block after the first token, drafted while it comes
+            if prompt_round:  # the drafter reads the prompt (and drafts ahead) while the first token comes
                 ahead_room = min(self.controller.last_choice, self.controller.max_k, self._client.welcome.max_draft,
                                  remaining - 2)
-                if ahead_room > 0:
-                    self._draft_ahead(history, ahead_room, stats)
+                stop = self._prompt_round_stop(sent)
+                if self.pipeline and ahead_room > 0:
+                    self._draft_ahead(history, ahead_room, stats, stop)
                 else:
-                    self._keep_drafter_up(history)
+                    self._keep_drafter_up(history, stop)
             elif self.draft is None:
                 pass  # nothing runs here while the verdict is in flight
             elif self.pipeline and ahead_room > 0 and draft and draft[-1] not in self.end_ids:
                 self._draft_ahead(history + draft, ahead_room, stats)
+            elif not draft and self.k is None and self._reading:
+                self._keep_drafter_up(history, self._reading_stop(sent, request), at_least_a_piece=True)
             elif not draft and self.k is None:
                 self._keep_drafter_up(history)
             verdict = self._receive_verdict(history, request)
@@ -280,28 +303,56 @@ class Speculator:
             tokens, dists = tokens[: ends[0] + 1], dists[: ends[0] + 1]
         return tokens, dists
 
-    def _draft_ahead(self, context: list[int], k: int, stats: GenerationStats) -> None:
+    def _prompt_round_stop(self, sent: float) -> Callable[[], bool]:
+        """When the drafter stops reading the prompt during the first round.
+
+        A service on this machine computes on the drafter's cores: reading the prompt beside
+        its prompt pass slowed that pass (the first token came 1.5x later than with k = 0 on
+        two cores), so the drafter reads only while the request and the verdict travel (the
+        measured wire time), and goes on in the rounds after. A remote service computes
+        elsewhere: the drafter reads until the verdict comes, as it does before any wire time
+        was measured.
+        """
+        budget = self.controller.wire_s
+        if not self._client.on_this_machine or budget is None:
+            return self._client.reply_ready
+        return lambda: self._client.reply_ready() or time.perf_counter() - sent >= budget
+
+    def _reading_stop(self, sent: float, request: Verify) -> Callable[[], bool]:
+        """While the drafter reads a prompt in k = 0 rounds: stop at the verdict, or before a piece
+        that would end after the verdict is expected (a piece of 2 tokens took 51 ms beside a
+        60 ms step: starting a second one would hold the verdict 40 ms)."""
+        expected = self.controller.verify_s(self._unrun + len(request.append)) + (self.controller.wire_s or 0.0)
+        return lambda: (self._client.reply_ready()
+                        or time.perf_counter() - sent + self.draft.piece_s > expected)
+
+    def _draft_ahead(self, context: list[int], k: int, stats: GenerationStats,
+                     should_stop: Callable[[], bool] | None = None) -> None:
         """While the verdict is in flight: guess the bonus token and draft the block after it."""
         started = time.perf_counter()
         try:
             guess, tokens, dists = self.draft.draft_ahead(context, k, self.params, self.rng,
-                                                          should_stop=self._client.reply_ready)
+                                                          should_stop=should_stop or self._client.reply_ready)
         except DraftModelError:  # no room left in the draft's context: the verdict still comes
             return
         stats.ahead_s += time.perf_counter() - started
         stats.ahead_drafted += len(tokens)
         self._ahead = DraftedAhead(context + [guess], tokens, dists) if tokens and guess is not None else None
 
-    def _keep_drafter_up(self, history: list[int]) -> None:
+    def _keep_drafter_up(self, history: list[int], should_stop: Callable[[], bool] | None = None,
+                         at_least_a_piece: bool = False) -> None:
         """Adaptive k chose k = 0: feed the drafter this round's context while the verdict flies.
 
         Otherwise, after many such rounds, the next block would wait for a long catch-up
         (seconds on a CPU) that the controller does not see in its drafting cost.
         """
-        if self._client.reply_ready():
+        should_stop = should_stop or self._client.reply_ready
+        if at_least_a_piece:  # still reading a prompt: a service faster than a piece would never let it finish
+            should_stop = _after_the_first_call(should_stop)
+        elif should_stop():
             return  # a fast service: the catch-up would only delay reading the verdict
         try:
-            self.draft.keep_up(history, should_stop=self._client.reply_ready)  # never delays the verdict
+            self.draft.keep_up(history, should_stop=should_stop)  # delays the verdict by one piece at most
         except DraftModelError:  # no room left in the draft's context: the verdict still comes
             pass
 

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import ssl
 import time
+from urllib.parse import urlsplit
 
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidHandshake
 from websockets.protocol import State
@@ -44,6 +45,7 @@ CLOSE_TIMEOUT_S = 2.0  # a live service answers a close at once; do not wait on 
 RATE_LIMIT_RETRIES = 3  # a rate-limited request is sent again after the service's hint, this often
 MAX_RETRY_WAIT_S = 5.0  # and never after more than this
 BUSY_STATUSES = (429, 503)  # full, loading or draining: worth retrying, unlike 401 or 403
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}  # a service at these addresses runs on this machine
 
 
 class VerifyError(RuntimeError):
@@ -85,6 +87,11 @@ def tls_context(url: str, ca_file: str | None) -> ssl.SSLContext | None:
         return ssl.create_default_context(cafile=ca_file)
     except (OSError, ssl.SSLError) as exc:
         raise VerifyError("bad_ca_file", f"cannot use the CA file {ca_file}: {exc}", fatal=True) from exc
+
+
+def on_this_machine(url: str) -> bool:
+    """Whether a service at `url` listens on a loopback address, so shares this machine's cores."""
+    return (urlsplit(url).hostname or "") in LOOPBACK
 
 
 class VerifyClient:
@@ -132,6 +139,10 @@ class VerifyClient:
     def send_verify(self, request: Verify) -> None:
         """Send a round without waiting: the caller may draft ahead, then receive_verdict()."""
         self._send(request, len(request.append) + len(request.draft))
+
+    @property
+    def on_this_machine(self) -> bool:
+        return on_this_machine(self.url)
 
     def reply_ready(self) -> bool:
         """Whether the answer to the request in flight has arrived (never blocks)."""
