@@ -22,8 +22,8 @@ so that a reply of prose after one of code learns its own acceptance in a round 
 instead of a dozen (and an early run of easy tokens does not send it to long blocks); if drafting does not
 pay at that mean, the reply's first choice is a probe all the same (code after prose
 would otherwise stay at k = 0 until a probe comes, 16 rounds or more). And a block grows
-at most to twice what the last drafting round got right (START_K at a reply's start): a
-wrong 16-token block costs 13 more target steps on a CPU, a short first block one or two.
+at most to twice what the last drafting round got right, plus one (START_K at a reply's
+start): a wrong 16-token block costs 13 more target steps on a CPU, a short one one or two.
 
 k = 0 (no drafting: the service makes every token) is chosen when speculation does not pay; from there a small probe now and then
 keeps the acceptance estimate alive when an optimistic acceptance would make drafting pay,
@@ -236,8 +236,9 @@ class AdaptiveK:
             # tested positions: every accepted one, plus the first rejected one if any
             tested = timing.accepted + (1 if timing.accepted < timing.k else 0)
             self._accepted.add(timing.accepted / tested, tested)
-            # all accepted: the block may double; else twice what it got right, from START_K up
-            self._grow_cap = max(START_K, 2 * (timing.accepted + 1))
+            # all accepted: the block may double; else twice what it got right: after a miss at
+            # the first token, 2 (a text that stopped drafting well costs little to find out)
+            self._grow_cap = 2 * (timing.accepted + 1)
         if timing.draft_tokens > 0:
             self._draft_token_s.add(timing.draft_s / timing.draft_tokens)
         if timing.fed_tokens == 1:
