@@ -184,11 +184,10 @@ class DraftModel:
 
     def lag(self, context: Sequence[int]) -> int:
         """How many tokens of `context` a catch-up would evaluate now."""
-        cached = self._llama.input_ids[: self._llama.n_tokens]
-        common = 0
-        limit = min(len(cached), len(context))
-        while common < limit and cached[common] == context[common]:
-            common += 1
+        # asked every adaptive round, over the whole context: compared in numpy, not token by token
+        limit = min(self._llama.n_tokens, len(context))
+        differ = np.flatnonzero(self._llama.input_ids[:limit] != np.asarray(context[:limit]))
+        common = int(differ[0]) if differ.size else limit
         return len(context) - min(common, len(context) - 1)
 
     def keep_up(self, context: Sequence[int], should_stop: Callable[[], bool] | None = None) -> None:
