@@ -8,14 +8,17 @@ needs), so the weights are read once for all of them; a roll back removes one se
 positions (`llama_memory_seq_rm`), no recompute. The service calls this from its single
 worker thread only.
 
-KV memory: a pool is allocated whole (its slots x max_context cells, float32 keys and values)
-when a session finds no free slot, and freed when its last session closes, so memory grows
-and shrinks by pools. Pools grow as sessions come: the first holds one session, each next one
-as many as all before it, up to `slots` (1, 1, 2, 4, 8, 8, ...), so a service with one user
-(the chat's embedded service) holds one session's cache and no more, and a busy one at most
-about twice what its sessions use; the service's --max-sessions bounds the number of pools. A pool that
-cannot be allocated refuses the new session (`CacheFull`: the client is told the service's
-KV memory is full and when to retry); sessions already open are never evicted.
+KV memory: a pool is allocated whole (its slots x max_context cells, float32 keys and values).
+A service's sessions live in one pool as long as it can hold them, because a pass runs one
+`llama_decode` per pool it touches: a pool of 1 slot for the first session, and when it is
+full, one of twice as many slots into which every session moves (its cells copied with
+`llama_state_seq_get_data`/`set_data`, bit for bit, at the same positions), up to `slots`
+(the service's --max-sessions); only then a second pool starts. When a pool's sessions fall to
+a quarter of its slots they move into one just big enough for them, and a pool whose last
+session closes is freed, so memory follows the sessions both ways (at most twice what they
+use, three times for the moment of a move). A pool that cannot be allocated refuses the new
+session (`CacheFull`: the client is told the service's KV memory is full and when to retry);
+sessions already open are never evicted, and a move that fails leaves them where they were.
 
 Why a stream per sequence: attention sums over the cache cells of a stream in cell order, in
 SIMD lanes by cell index. In a unified cache a session's cells sit wherever the others left
@@ -23,9 +26,9 @@ room, so where it sits (hence its logits' last bits) would depend on its neighbo
 stream of its own its cells are 0..n-1 whatever else is decoded, and the cells past them
 that a longer neighbour adds to the pass are masked to exact zeros at the end of each sum.
 llama.cpp splits such a batch into micro-batches of consecutive sequence ids with an equal
-number of tokens each (`split_equal`), so the sessions of a pass are ordered by slot and the
-lowest free slot is given out first; blocks of different lengths cost a micro-batch per
-length, each one still shared.
+number of tokens each (`split_equal`), each paying a graph run; `llama_pass_plan.py` pads
+blocks and fills the idle streams between members where that makes a pass one micro-batch for
+less than the micro-batches it saves (the pad tokens are removed after the pass).
 
 Batch invariance (on by default): a verified block must score exactly like the same tokens
 decoded one at a time, or a greedy near-tie can resolve differently with and without
@@ -47,11 +50,14 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from remote_verify.backends import CacheFull, Pass
+from remote_verify.backends.llama_pass_plan import DecodeCosts, PassLayout, plan_lengths, ubatch_count
 from wire.llama_switches import prepare_llama_cpp
 from wire.threads import service_threads
 
@@ -65,6 +71,25 @@ from llama_cpp._logger import set_verbose  # noqa: E402
 log = logging.getLogger(__name__)
 
 N_BATCH = 512  # tokens per llama_decode call; a draft block is always far smaller
+PAD_TOKEN = 0  # what padding feeds: never attended to by a real token, removed after the pass
+PADDING = ("auto", "never", "always")  # by the learned prices; as sent; whenever it saves a micro-batch
+
+
+def restream(state: bytes, seq: int, streams: int) -> bytes:
+    """A sequence's saved KV state (`llama_state_seq_get_data` of a context with a stream per
+    sequence) laid out for a context of `streams` streams. The state is a magic number and the
+    sequence id, the stream count, then each stream's cell count and, where it is not 0, its
+    cells (src/llama-context.cpp, src/llama-kv-cache.cpp: state_write). A sequence's cells are
+    all in its own stream, and llama.cpp restores them into the destination sequence's stream
+    whichever entry holds them, but refuses a state whose stream count is not its own."""
+    word = struct.Struct("<I")
+    prefix = 2 * word.size  # the magic number and the sequence id
+    (saved_streams,) = word.unpack_from(state, prefix)
+    start = prefix + word.size * (1 + seq)
+    end = len(state) - word.size * (saved_streams - seq - 1)
+    if any(state[prefix + word.size:start]) or any(state[end:]):
+        raise ValueError(f"sequence {seq}'s saved state holds cells outside its own stream")
+    return state[:prefix] + word.pack(streams) + state[start:end] + bytes(word.size * (streams - 1))
 
 
 def has_llamafile_kernels() -> bool:
@@ -73,7 +98,8 @@ def has_llamafile_kernels() -> bool:
     return bool(probe()) if probe is not None else False
 
 
-SLOTS = 8  # sessions in the largest KV pool: a pass reads the weights once per pool it touches
+SLOTS = 32  # sessions in the largest KV pool (the service passes its --max-sessions)
+MAX_SLOTS = 256  # llama.cpp's LLAMA_MAX_SEQ: sequences a context can hold
 
 
 class KvPool:
@@ -83,6 +109,7 @@ class KvPool:
         self.context = context
         self.memory = llama_cpp.llama_get_memory(context.ctx)
         self.free = list(range(slots))  # sequence ids not in use, lowest first
+        self.live: dict[int, LlamaCache] = {}  # sequence id -> the session's cache
         self.slots = slots
 
     @property
@@ -101,12 +128,18 @@ class LlamaCache:
 class LlamaCppTarget:
     def __init__(self, path: str | Path, max_context: int = 4096, gpu_layers: int = -1,
                  n_threads: int | None = None, batch_invariant: bool = True, slots: int = SLOTS,
-                 grow: bool = True, n_threads_batch: int | None = None):
-        if slots < 1:
-            raise ValueError(f"a KV pool needs at least one slot, got {slots}")
+                 grow: bool = True, n_threads_batch: int | None = None, padding: str = "auto"):
+        if not 1 <= slots <= MAX_SLOTS:
+            raise ValueError(f"a KV pool holds 1 to {MAX_SLOTS} sessions, got {slots}")
+        if padding not in PADDING:
+            raise ValueError(f"padding is one of {', '.join(PADDING)}, got {padding!r}")
         self.path = Path(path)
         self.slots = slots  # the largest pool
-        self.grow = grow  # pools of 1, 1, 2, 4, ... up to `slots` (False: every pool of `slots`)
+        self.grow = grow  # a pool of 1 that doubles up to `slots` (False: every pool of `slots`)
+        self.padding = padding
+        self.costs = DecodeCosts()  # what a micro-batch and a token cost here, from the decodes run
+        self.padded_tokens = 0  # computed for nothing, to make passes one micro-batch (for the benchmarks)
+        self.ubatches = 0  # micro-batches run
         self._pools: list[KvPool] = []
         if not self.path.is_file():
             raise FileNotFoundError(f"the llama.cpp backend needs a GGUF file; {self.path} is not one")
@@ -141,17 +174,47 @@ class LlamaCppTarget:
         return [llama_cpp.llama_vocab_get_text(self._vocab, i) or b"" for i in range(self.vocab_size)]
 
     def new_cache(self) -> LlamaCache:
-        """The lowest free slot of the first pool that has one; a new pool when none has."""
+        """The lowest free slot of the first pool that has one; when none has, the newest pool
+        doubles (its sessions move) or, at `slots`, a new pool of 1 (of `slots` without grow)."""
         pool = next((pool for pool in self._pools if pool.free), None)
         if pool is None:
-            size = self.slots
-            if self.grow:  # as many as the pools so far hold: memory follows the sessions
-                size = min(self.slots, max(1, sum(pool.slots for pool in self._pools)))
-            pool = KvPool(self._new_context(size), size)
-            self._pools.append(pool)
+            newest = self._pools[-1] if self._pools else None
+            if self.grow and newest is not None and newest.slots < self.slots:
+                pool = self._move_sessions(newest, min(self.slots, 2 * newest.slots))
+            else:
+                size = 1 if self.grow else self.slots
+                pool = KvPool(self._new_context(size), size)
+                self._pools.append(pool)
         seq = pool.free.pop(0)
         llama_cpp.llama_memory_seq_rm(pool.memory, seq, -1, -1)  # what a previous session left
-        return LlamaCache(pool, seq)
+        cache = LlamaCache(pool, seq)
+        pool.live[seq] = cache
+        return cache
+
+    def _move_sessions(self, pool: KvPool, size: int) -> KvPool:
+        """Every session of `pool` into a new pool of `size` slots, in the order of their sequence
+        ids and from 0 on (their cells copied bit for bit, at the same positions); the old pool is
+        freed. A pool that cannot be allocated raises CacheFull and moves nobody."""
+        moved = KvPool(self._new_context(size), size)
+        for new_seq, (old_seq, cache) in enumerate(sorted(pool.live.items())):
+            if llama_cpp.llama_memory_seq_pos_max(pool.memory, old_seq) < 0:
+                continue  # holds no cell: nothing to copy
+            state_size = llama_cpp.llama_state_seq_get_size(pool.context.ctx, old_seq)
+            state = (ctypes.c_uint8 * max(state_size, 1))()
+            written = llama_cpp.llama_state_seq_get_data(pool.context.ctx, state, state_size, old_seq)
+            restated = restream(bytes(state)[:written], old_seq, size)
+            source = (ctypes.c_uint8 * len(restated)).from_buffer_copy(restated)
+            if llama_cpp.llama_state_seq_set_data(moved.context.ctx, source, len(restated), new_seq) == 0:
+                moved.context.close()
+                raise CacheFull(f"could not move a session's {cache.length} cached tokens into a pool of {size}")
+        for new_seq, (_, cache) in enumerate(sorted(pool.live.items())):
+            cache.pool, cache.seq = moved, new_seq
+            moved.live[new_seq] = cache
+        moved.free = [seq for seq in range(size) if seq not in moved.live]
+        self._pools[self._pools.index(pool)] = moved
+        pool.context.close()
+        log.debug("KV pool of %d slots -> %d (%d sessions moved)", pool.slots, size, len(moved.live))
+        return moved
 
     def context_params(self, slots: int) -> llama_cpp.llama_context_params:
         """A pool's llama.cpp context: `slots` sequences, each in a KV stream of max_context cells."""
@@ -207,45 +270,79 @@ class LlamaCppTarget:
                     f"{self.max_context}")
         return ""
 
+    def _layout(self, pool: KvPool, members: list[tuple[int, Pass]]) -> PassLayout:
+        """How many tokens each sequence of the pool feeds in this pass (llama_pass_plan.py)."""
+        real = {item.cache.seq: len(item.tokens) for _, item in members}
+        if self.padding == "never" or len(real) == 1:
+            return PassLayout(real, ubatch_count(real, N_BATCH))
+        room = {seq: self.max_context - (pool.live[seq].length if seq in pool.live else 0)
+                for seq in range(pool.slots)}
+        per_ubatch, per_token = (1.0, 0.0) if self.padding == "always" else self.costs.prices
+        return plan_lengths(real, room, per_ubatch, per_token, N_BATCH)
+
     def _decode_pool(self, pool: KvPool, members: list[tuple[int, Pass]], results: list[list[np.ndarray]]) -> None:
-        """Fill llama_batches of up to N_BATCH tokens, member after member, and decode each."""
+        """Fill llama_batches of up to N_BATCH tokens, sequence after sequence in id order (the
+        layout's padding included), and decode each; padding is removed after its decode."""
         batch = self._batch.batch
+        layout = self._layout(pool, members)
+        by_seq = {item.cache.seq: (index, item) for index, item in members}
         outputs: list[tuple[int, int, bool]] = []  # (result index, batch row, argmax only) of this decode
-        advanced: list[tuple[LlamaCache, int]] = []  # (cache, tokens) this decode appends
+        advanced: list[tuple[LlamaCache, int]] = []  # (cache, real tokens) this decode appends
+        padded: list[tuple[int, int]] = []  # (sequence id, first padded position) to remove after it
+        fed: dict[int, int] = {}  # tokens of each sequence in this decode: its micro-batches
         n = 0
 
         def decode() -> None:
             nonlocal n
             batch.n_tokens = n
+            started = time.perf_counter()
             pool.context.decode(self._batch)
+            ubatches = ubatch_count(fed, N_BATCH)
+            self.ubatches += ubatches
+            if n > 1:  # a one-token step runs on n_threads, not n_threads_batch: another price
+                self.costs.observe(ubatches, n, time.perf_counter() - started)
             for cache, count in advanced:
                 cache.length += count
+            for seq, first in padded:
+                llama_cpp.llama_memory_seq_rm(pool.memory, seq, first, -1)
             for index, row, argmax_only in outputs:
                 logits = self._logits_view(pool, row)
                 results[index].append(np.int64(logits.argmax()) if argmax_only else logits.copy())
-            outputs.clear()
-            advanced.clear()
+            for part in (outputs, advanced, padded):
+                part.clear()
+            fed.clear()
             n = 0
 
-        for index, item in members:
-            cache, tokens = item.cache, list(item.tokens)
-            first_output = len(tokens) - item.n_logits
-            position, count = cache.length, 0
-            for j, token in enumerate(tokens):
-                if n == N_BATCH:
-                    advanced.append((cache, count))
+        for seq, length in sorted(layout.lengths.items()):
+            index, item = by_seq.get(seq, (None, None))
+            cache = item.cache if item is not None else pool.live.get(seq)
+            tokens = list(item.tokens) if item is not None else []
+            self.padded_tokens += length - len(tokens)
+            first_output = len(tokens) - item.n_logits if item is not None else len(tokens)
+            start = cache.length if cache is not None else 0
+            position, count = start, 0
+            for j in range(length):
+                if n == N_BATCH:  # only an unpadded layout is this long (plan_lengths)
+                    if cache is not None and item is not None:
+                        advanced.append((cache, count))
                     decode()
-                    position, count = cache.length, 0
-                batch.token[n] = token
+                    start = position = cache.length if cache is not None else 0
+                    count = 0
+                real = j < len(tokens)
+                batch.token[n] = tokens[j] if real else PAD_TOKEN
                 batch.pos[n] = position + count
-                batch.seq_id[n][0] = cache.seq
+                batch.seq_id[n][0] = seq
                 batch.n_seq_id[n] = 1
-                batch.logits[n] = j >= first_output
-                if j >= first_output:
+                batch.logits[n] = real and j >= first_output
+                if real and j >= first_output:
                     outputs.append((index, n, item.argmax_only))
+                fed[seq] = fed.get(seq, 0) + 1
                 n += 1
                 count += 1
-            advanced.append((cache, count))
+            if item is not None:  # a padded layout fits one decode: its pad tokens are all in this one
+                advanced.append((cache, count - (length - len(tokens))))
+            if length > len(tokens):  # pad tokens sit after the real ones, from start + len(tokens) on
+                padded.append((seq, start + len(tokens)))
         if n:
             decode()
 
@@ -258,18 +355,27 @@ class LlamaCppTarget:
         cache.length = min(cache.length, length)
 
     def release(self, cache: LlamaCache) -> None:
-        """Give the session's slot back; a pool left empty is freed (its memory goes back now)."""
+        """Give the session's slot back; a pool left empty is freed (its memory goes back now),
+        and one left with a quarter of its slots or fewer in use moves them into a pool just big
+        enough (with grow; where that pool cannot be allocated they stay)."""
         pool = cache.pool
         if cache.released:
             return
         cache.released = True
         llama_cpp.llama_memory_seq_rm(pool.memory, cache.seq, -1, -1)
+        del pool.live[cache.seq]
         pool.free.append(cache.seq)
         pool.free.sort()
         cache.length = 0
         if pool.empty:
             self._pools.remove(pool)
             pool.context.close()
+        elif self.grow and len(pool.live) <= pool.slots // 4:
+            size = 1 << (len(pool.live) - 1).bit_length()  # the power of two that holds them
+            try:
+                self._move_sessions(pool, size)
+            except CacheFull as exc:
+                log.warning("KV pool of %d slots kept for %d sessions: %s", pool.slots, len(pool.live), exc)
 
     def _logits_view(self, pool: KvPool, row: int) -> np.ndarray:
         pointer = llama_cpp.llama_get_logits_ith(pool.context.ctx, row)

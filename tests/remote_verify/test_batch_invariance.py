@@ -131,10 +131,11 @@ def test_the_default_target_scores_the_same_with_more_threads_for_blocks():
 NEIGHBOUR_HISTORIES = [3, 31, 33, 64, 100, 257, 300]  # cached lengths around the SIMD and padding steps
 
 
-def scripted_session(backend, cache, neighbours=None, seed=0) -> list[np.ndarray]:
+def scripted_session(backend, cache, neighbours=None, seed=0, between_rounds=None) -> list[np.ndarray]:
     """A session's rounds, each verifying a block of 5 and keeping 1 to 5 positions, with
     `neighbours` (other sessions' caches, already filled) decoding blocks of 1 to 9 tokens and
-    rolling back in the same passes. Returns this session's logits, round after round."""
+    rolling back in the same passes; `between_rounds(round)` runs after each. Returns this
+    session's logits, round after round."""
     rng, others = np.random.default_rng(seed), np.random.default_rng(seed + 1)  # the session's draws and theirs
     prompt = [int(t) for t in rng.integers(1, 250, 40)]
     rows = []
@@ -152,6 +153,8 @@ def scripted_session(backend, cache, neighbours=None, seed=0) -> list[np.ndarray
         for other in neighbours or []:
             backend.truncate(other, other.length - int(others.integers(0, 3)))
         feed = [int(t) for t in rng.integers(1, 250, 5)]
+        if between_rounds is not None:
+            between_rounds(len(rows))
     return rows
 
 
@@ -225,18 +228,3 @@ def test_the_default_target_scores_a_session_the_same_beside_seven_others():
     beside = beside_seven_others(LlamaCppTarget(path, gpu_layers=0, max_context=512, slots=8, grow=False))
     for round_, (a, b) in enumerate(zip(alone, beside)):
         assert differing_rows(a, b) == [], f"round {round_}: largest gap {np.abs(a - b).max():.3g}"
-
-
-def test_kv_pools_grow_with_the_sessions(tiny):
-    """Pools hold 1, 1, 2, 4, then 8 sessions: one session reserves one cache, not a pool of
-    eight; a pool whose sessions all closed is given back."""
-    target = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, max_context=256, slots=8)
-    caches = [target.new_cache() for _ in range(9)]
-    assert [pool.slots for pool in target._pools] == [1, 1, 2, 4, 8]
-    assert len({(id(cache.pool), cache.seq) for cache in caches}) == 9
-    for cache in caches[1:]:
-        target.release(cache)
-    assert [pool.slots for pool in target._pools] == [1]
-    fixed = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, max_context=256, slots=8, grow=False)
-    fixed.new_cache()
-    assert [pool.slots for pool in fixed._pools] == [8]

@@ -1,0 +1,126 @@
+"""Shared passes as one micro-batch, and sessions moved between KV pools, move no logit.
+
+`remote_verify/backends/llama_pass_plan.py` pads blocks and fills idle streams so that a pass
+runs as one llama.cpp micro-batch; `llamacpp_backend.py` moves every session of a pool into a
+bigger (or smaller) one. Both are checked bit for bit against the session alone in a context
+of its own, with the tiny model's real llama.cpp; the plan's arithmetic is checked by hand.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from remote_verify.backends import Pass
+from remote_verify.backends.llama_pass_plan import DecodeCosts, plan_lengths, ubatch_count
+from remote_verify.backends.llamacpp_backend import LlamaCppTarget, restream
+from tests.remote_verify.test_batch_invariance import NEIGHBOUR_HISTORIES, differing_rows, scripted_session
+
+
+# ---- the plan (pure arithmetic) ----
+
+def test_ubatch_count_follows_llama_cpps_split_of_consecutive_equal_blocks():
+    """Consecutive ids with equal blocks: one micro-batch; a gap or a shorter block: more."""
+    assert ubatch_count({0: 5, 1: 5, 2: 5}, 512) == 1
+    assert ubatch_count({0: 5, 2: 5, 4: 5}, 512) == 3  # no two ids consecutive
+    assert ubatch_count({0: 5, 1: 3}, 512) == 2  # 3 tokens of both, then 2 of the first
+    assert ubatch_count({0: 5, 1: 3, 3: 5, 4: 5}, 512) == 3  # {0, 1} x 3, {0} x 2, {3, 4} x 5
+    assert ubatch_count({0: 300, 1: 300}, 512) == 2  # 256 of each fit a micro-batch of 512
+
+
+def test_the_plan_pads_only_where_the_micro_batches_it_saves_cost_more_than_its_tokens():
+    """Cheap micro-batches: blocks as sent. Dear ones: one micro-batch, the gap filled. A
+    stream without room is never filled."""
+    real, room = {0: 5, 2: 3}, {seq: 100 for seq in range(4)}
+    as_sent = plan_lengths(real, room, per_ubatch=0.001, per_token=1.0, n_ubatch=512)
+    assert as_sent.lengths == real and as_sent.ubatches == 2
+    one = plan_lengths(real, room, per_ubatch=1.0, per_token=0.01, n_ubatch=512)
+    assert one.lengths == {0: 5, 1: 5, 2: 5} and one.ubatches == 1 and one.padding(real) == 7
+    no_room = plan_lengths(real, {**room, 1: 4}, per_ubatch=1.0, per_token=0.01, n_ubatch=512)
+    assert no_room.lengths == real  # padding alone would not join the two: no micro-batch saved
+
+
+def test_decode_costs_recover_the_prices_of_a_micro_batch_and_a_token():
+    """Decodes timed as 2 ms a micro-batch and 0.05 ms a token give back those prices."""
+    costs = DecodeCosts()
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        ubatches, tokens = int(rng.integers(1, 8)), int(rng.integers(2, 60))
+        costs.observe(ubatches, tokens, 0.002 * ubatches + 0.00005 * tokens)
+    per_ubatch, per_token = costs.prices
+    assert per_ubatch == pytest.approx(0.002, rel=0.02) and per_token == pytest.approx(0.00005, rel=0.02)
+
+
+def test_restream_moves_a_sequences_state_to_a_context_of_other_streams():
+    """The cells stay as saved; the stream count and the empty streams around them change."""
+    word = lambda value: int(value).to_bytes(4, "little")  # noqa: E731
+    cells = word(3) + b"cells of stream 1"
+    saved = word(0xAF143CD8) + word(1) + word(4) + word(0) + cells + word(0) + word(0)
+    assert restream(saved, 1, 2) == word(0xAF143CD8) + word(1) + word(2) + cells + word(0)
+    with pytest.raises(ValueError, match="outside its own stream"):
+        restream(word(0xAF143CD8) + word(1) + word(2) + word(1) + cells, 1, 2)
+
+
+# ---- the same bits in llama.cpp ----
+
+def filled_pool(backend, count: int, rng) -> tuple[list, list[list[int]]]:
+    """`count` sessions holding histories of NEIGHBOUR_HISTORIES' lengths (and the tokens)."""
+    caches, histories = [backend.new_cache() for _ in range(count)], []
+    for cache, length in zip(caches, NEIGHBOUR_HISTORIES * 2):
+        histories.append([int(t) for t in rng.integers(1, 250, length)])
+        backend.forward_many([Pass(cache, histories[-1], 1)])
+    return caches, histories
+
+
+def test_padded_and_filled_passes_move_no_logit(tiny):
+    """A session's rounds give the bits it gets alone when its passes are padded into one
+    micro-batch (the neighbours' blocks of 1 to 9 tokens padded to the longest, the idle streams
+    between them filled and emptied again), and an idle session's next token scores as if no
+    fill had touched its stream."""
+    single = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, slots=1)
+    alone = scripted_session(single, single.new_cache())
+    pooled = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, slots=8, grow=False, padding="always")
+    (first, *others), histories = filled_pool(pooled, 8, np.random.default_rng(1))
+    caches = [first, *others]
+    mine = caches[3]
+    pooled.truncate(mine, 0)
+    ubatches_before = pooled.ubatches
+    beside = scripted_session(pooled, mine, neighbours=[caches[0], caches[6]])
+    assert pooled.padded_tokens > 0 and pooled.ubatches - ubatches_before == 8, "the passes were not padded"
+    for round_, (a, b) in enumerate(zip(alone, beside)):
+        assert differing_rows(a, b) == [], f"round {round_}: largest gap {np.abs(a - b).max():.3g}"
+    for idle in (1, 2, 4, 5):  # filled in every round: the streams between slots 0, 3 and 6
+        reference = single.new_cache()
+        expected = single.forward(reference, histories[idle] + [7], 1)
+        single.release(reference)
+        assert caches[idle].length == len(histories[idle])
+        assert differing_rows(pooled.forward(caches[idle], [7], 1), expected) == [], f"slot {idle} was moved"
+
+
+def test_sessions_moved_into_bigger_and_smaller_pools_keep_their_bits(tiny):
+    """A pool of 1 doubles as sessions arrive (each move copying every session's cells), and
+    shrinks to fit when most leave; a session whose rounds run through those moves scores
+    exactly as alone, and a pool whose last session closes is freed."""
+    single = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, slots=1)
+    alone = scripted_session(single, single.new_cache())
+    pooled = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, max_context=512, slots=8)
+    mine = pooled.new_cache()
+    arrivals, sizes, rng = [], [], np.random.default_rng(2)
+
+    def between_rounds(round_: int) -> None:
+        if round_ <= 4:  # two sessions arrive after each of the first four rounds: 1 -> 4 -> 8 -> 8 -> 8 + 1
+            for _ in range(2):
+                arrivals.append(pooled.new_cache())
+                pooled.forward(arrivals[-1], [int(t) for t in rng.integers(1, 250, 30)], 1)
+        elif round_ == 5:  # all but one leave: the pool of 8 shrinks to 2 (this session and one more)
+            for cache in arrivals[:-1]:
+                pooled.release(cache)
+        sizes.append([pool.slots for pool in pooled._pools])
+
+    moved = scripted_session(pooled, mine, between_rounds=between_rounds)
+    assert sizes[:5] == [[4], [8], [8], [8, 1], [2, 1]], sizes
+    for round_, (a, b) in enumerate(zip(alone, moved)):
+        assert differing_rows(a, b) == [], f"round {round_}: largest gap {np.abs(a - b).max():.3g}"
+    pooled.release(arrivals[-1])
+    pooled.release(mine)
+    assert pooled._pools == []
