@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.load [--sessions 32] [--rounds 50] [--k 4]
                                         [--backend llamacpp|torch] [--attack N] [--json]
-                                        [--batch-tokens N] [--compare 1,4,8,16,32]
+                                        [--batch-tokens N] [--compare 1,4,8,16,32] [--torch-static]
 
 Builds the tiny models in a temporary folder (or takes --target/--draft), starts
 `specwire serve` as a child process, and computes each prompt's reference continuation
@@ -128,6 +128,8 @@ class LoadReport:
     sessions_open_after: float
     tokens: int = 0  # in every reply of the measured wave
     target_passes: float = 0.0  # forward passes the service ran in the measured wave
+    micro_batches: float = 0.0  # llama.cpp micro-batches those passes ran in (0 on other backends)
+    padding_tokens: float = 0.0  # tokens computed and thrown away to make a pass one micro-batch
     batch_tokens: int | None = None  # the service's --batch-tokens (None: its default)
     prompts: list[list[int]] = field(default_factory=list)
     references: list[list[int]] = field(default_factory=list)  # each prompt continued by the target alone
@@ -293,10 +295,14 @@ def run_load(target: Path, draft_path: Path, backend: str = "llamacpp", sessions
         before = service.rss()
         peak = [before]
         passes_before = service.metric("specwire_target_passes")
+        micro_before = service.metric("specwire_target_micro_batches")
+        padding_before = service.metric("specwire_target_padding_tokens")
         results, wall = run_wave(service.url, draft_path, prompts, references, sessions, rounds, k, max_tokens,
                                  on_tick=lambda: peak.append(service.rss()), replay=replay)
         open_after = wait_until_closed(service)
         passes = service.metric("specwire_target_passes") - passes_before
+        micro_batches = service.metric("specwire_target_micro_batches") - micro_before
+        padding = service.metric("specwire_target_padding_tokens") - padding_before
         after = service.rss()
     finally:
         service.close()
@@ -310,6 +316,7 @@ def run_load(target: Path, draft_path: Path, backend: str = "llamacpp", sessions
         service_s=percentiles([s[2] for s in samples]),
         rss_before_mib=before / MIB, rss_peak_mib=max(peak) / MIB, rss_after_mib=after / MIB,
         sessions_open_after=open_after, tokens=sum(r.tokens for r in results), target_passes=passes,
+        micro_batches=micro_batches, padding_tokens=padding,
         batch_tokens=batch_tokens, prompts=prompts, references=references)
 
 
@@ -332,6 +339,8 @@ def compare(target: Path, draft_path: Path, backend: str, session_counts: list[i
                     tokens=report.tokens, rounds=report.rounds, tokens_per_s=report.tokens / report.wall_s,
                     passes_per_s=report.target_passes / report.wall_s,
                     rounds_per_pass=report.rounds / max(report.target_passes, 1),
+                    micro_batches_per_pass=report.micro_batches / max(report.target_passes, 1),
+                    padding_per_token=report.padding_tokens / max(report.tokens, 1),
                     round_trip_p50_ms=report.round_trip_s["p50"] * 1000,
                     round_trip_p99_ms=report.round_trip_s["p99"] * 1000,
                     queue_p50_ms=report.queue_s["p50"] * 1000,
@@ -350,18 +359,22 @@ def compare(target: Path, draft_path: Path, backend: str, session_counts: list[i
 
 def log_row(row: dict) -> None:
     print(f"  {row['sessions']:>3} sessions {row['mode']:>8}: {row['tokens_per_s']:8.1f} tokens/s "
-          f"{row['passes_per_s']:7.1f} passes/s  rounds/pass {row['rounds_per_pass']:5.2f}  round trip p50 "
+          f"{row['passes_per_s']:7.1f} passes/s  rounds/pass {row['rounds_per_pass']:5.2f}  micro-batches/pass "
+          f"{row['micro_batches_per_pass']:4.2f}  round trip p50 "
           f"{row['round_trip_p50_ms']:7.1f} p99 {row['round_trip_p99_ms']:7.1f} ms  differing {row['mismatches']}, "
           f"errors {row['errors']}", file=sys.stderr, flush=True)
 
 
 def print_comparison(rows: list[dict], k: int) -> None:
     print(f"k = {k}; queue: one session's round a pass; batched: the waiting sessions' rounds share a pass")
-    print("sessions | mode    | tokens/s | passes/s | rounds/pass | round trip p50 / p99 ms | "
-          "differing replies | errors")
+    print("micro-batches/pass: llama.cpp's graph runs a pass took; padding/token: tokens computed and thrown "
+          "away to make a pass one, per verified token")
+    print("sessions | mode    | tokens/s | passes/s | rounds/pass | micro-batches/pass | padding/token | "
+          "round trip p50 / p99 ms | differing replies | errors")
     for row in rows:
         print(f"{row['sessions']:>8} | {row['mode']:<7} | {row['tokens_per_s']:8.1f} | {row['passes_per_s']:8.1f} | "
-              f"{row['rounds_per_pass']:11.2f} | {row['round_trip_p50_ms']:10.1f} / {row['round_trip_p99_ms']:8.1f} | "
+              f"{row['rounds_per_pass']:11.2f} | {row['micro_batches_per_pass']:18.2f} | "
+              f"{row['padding_per_token']:13.2f} | {row['round_trip_p50_ms']:10.1f} / {row['round_trip_p99_ms']:8.1f} | "
               f"{row['mismatches']:>17} | {row['errors']:>6}")
     print("batched / queue at each session count:")
     for queue, batched in zip(rows[::2], rows[1::2]):
@@ -404,6 +417,9 @@ def main() -> None:
     parser.add_argument("--no-batch-invariant", action="store_true",
                         help="serve with --no-batch-invariant (llama.cpp's batch-shaped fast kernels: replies may "
                         "differ from the target alone at near-ties)")
+    parser.add_argument("--torch-static", action="store_true",
+                        help="with --backend torch: serve with --torch-static (a static KV cache a slot per "
+                        "session, shared passes as one padded forward); the Hugging Face path runs rounds alone")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="with --compare: run each mode N times, alternating, and keep the median")
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), choices=range(1, len(PROMPTS) + 1),
@@ -411,6 +427,10 @@ def main() -> None:
                         "for a large target on a CPU)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.torch_static and args.backend != "torch":
+        parser.error("--torch-static is a mode of the torch backend: add --backend torch")
+    service_args = ("--no-batch-invariant",) if args.no_batch_invariant else ()
+    service_args += ("--torch-static",) if args.torch_static else ()
     if args.attack:
         from benchmarks import attack
 
@@ -437,8 +457,7 @@ def main() -> None:
             rows = compare(Path(args.target), Path(args.draft), args.backend, counts, args.rounds, args.k,
                            args.max_tokens, args.batch_tokens if args.batch_tokens is not None else 256,
                            pin_service=args.pin_service, replay=args.replay, n_prompts=args.prompts,
-                           repeat=args.repeat,
-                           service_args=("--no-batch-invariant",) if args.no_batch_invariant else ())
+                           repeat=args.repeat, service_args=service_args)
             if args.json:
                 print(json.dumps(rows, indent=1))
             else:
@@ -446,7 +465,7 @@ def main() -> None:
             return
         report = run_load(Path(args.target), Path(args.draft), args.backend, args.sessions, args.rounds, args.k,
                           args.max_tokens, pin_service=args.pin_service, batch_tokens=args.batch_tokens,
-                          replay=args.replay, n_prompts=args.prompts)
+                          replay=args.replay, n_prompts=args.prompts, service_args=service_args)
     if args.json:
         print(json.dumps(report.as_dict(), indent=1))
         return

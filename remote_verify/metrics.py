@@ -64,6 +64,10 @@ class ServiceMetrics:
         self.pass_members = Gauge("specwire_target_pass_members", "rounds and streamed tokens run in those "
                                   "passes: divided by the passes, the sessions a pass served on average",
                                   registry=r)
+        self.micro_batches = Gauge("specwire_target_micro_batches", "llama.cpp micro-batches those passes ran "
+                                   "in (each a graph run; 0 on other backends)", registry=r)
+        self.padding_tokens = Gauge("specwire_target_padding_tokens", "tokens llama.cpp computed and threw away "
+                                    "to run a shared pass as one micro-batch (0 on other backends)", registry=r)
         self.streamed = Counter("specwire_streamed_tokens", "tokens made by server-only generation", registry=r)
         self.vocab_downloads = Counter("specwire_vocab_downloads", "vocabulary files sent (GET /vocab.gguf)",
                                        registry=r)

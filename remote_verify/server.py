@@ -107,6 +107,8 @@ class VerifyService:
         self.metrics.queue_depth.set_function(lambda: self.queue.depth)
         self.metrics.target_passes.set_function(lambda: self.queue.passes)
         self.metrics.pass_members.set_function(lambda: self.queue.shared_items)
+        self.metrics.micro_batches.set_function(lambda: getattr(self.backend, "ubatches", 0))
+        self.metrics.padding_tokens.set_function(lambda: getattr(self.backend, "padded_tokens", 0))
         self.sessions: dict[str, Session] = {}
         self._connections: dict[str, ServerConnection] = {}
         self._busy: set[str] = set()  # sessions with a round in flight

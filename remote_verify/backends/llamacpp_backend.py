@@ -296,15 +296,17 @@ class LlamaCppTarget:
             nonlocal n
             batch.n_tokens = n
             started = time.perf_counter()
-            pool.context.decode(self._batch)
+            try:
+                pool.context.decode(self._batch)
+            finally:  # a failed decode too: a filled stream is another session's, and must stay as it was
+                for seq, first in padded:
+                    llama_cpp.llama_memory_seq_rm(pool.memory, seq, first, -1)
             ubatches = ubatch_count(fed, N_BATCH)
             self.ubatches += ubatches
             if n > 1:  # a one-token step runs on n_threads, not n_threads_batch: another price
                 self.costs.observe(ubatches, n, time.perf_counter() - started)
             for cache, count in advanced:
                 cache.length += count
-            for seq, first in padded:
-                llama_cpp.llama_memory_seq_rm(pool.memory, seq, first, -1)
             for index, row, argmax_only in outputs:
                 logits = self._logits_view(pool, row)
                 results[index].append(np.int64(logits.argmax()) if argmax_only else logits.copy())

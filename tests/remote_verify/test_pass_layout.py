@@ -124,3 +124,25 @@ def test_sessions_moved_into_bigger_and_smaller_pools_keep_their_bits(tiny):
     pooled.release(arrivals[-1])
     pooled.release(mine)
     assert pooled._pools == []
+
+
+def test_a_failed_padded_pass_leaves_the_filled_streams_as_they_were(tiny):
+    """A decode that fails after idle streams were filled (here: raised after llama.cpp ran it)
+    still empties them: the idle session's next token scores as before."""
+    single = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, slots=1)
+    pooled = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, slots=8, grow=False, padding="always")
+    caches, histories = filled_pool(pooled, 8, np.random.default_rng(3))
+    context = caches[0].pool.context
+    real_decode = context.decode
+
+    def decode_then_fail(batch):
+        real_decode(batch)
+        raise RuntimeError("llama_decode failed")
+
+    context.decode = decode_then_fail
+    with pytest.raises(RuntimeError):
+        pooled.forward_many([Pass(caches[0], [5, 6, 7], 1), Pass(caches[6], [8], 1)])
+    context.decode = real_decode
+    assert pooled.padded_tokens > 0
+    expected = single.forward(single.new_cache(), histories[3] + [7], 1)
+    assert differing_rows(pooled.forward(caches[3], [7], 1), expected) == []
