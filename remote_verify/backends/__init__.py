@@ -105,10 +105,10 @@ def load_backend(kind: str, target: str | Path, device: str = "auto", threads: i
 
         return TorchTarget(target, device=device, batch_invariant=bool(batch_invariant))
     if kind == "llamacpp":
-        from remote_verify.backends.llamacpp_backend import MAX_SLOTS, LlamaCppTarget
+        from remote_verify.backends.llamacpp_backend import LlamaCppTarget
 
         return LlamaCppTarget(target, gpu_layers=0 if device == "cpu" else -1, n_threads=threads,
-                              n_threads_batch=batch_threads, slots=min(sessions, MAX_SLOTS),
+                              n_threads_batch=batch_threads, sessions=sessions,
                               batch_invariant=batch_invariant is not False)
     if kind == "onnx":
         if not is_onnx_export(target):

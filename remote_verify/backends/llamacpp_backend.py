@@ -13,12 +13,14 @@ A service's sessions live in one pool as long as it can hold them, because a pas
 `llama_decode` per pool it touches: a pool of 1 slot for the first session, and when it is
 full, one of twice as many slots into which every session moves (its cells copied with
 `llama_state_seq_get_data`/`set_data`, bit for bit, at the same positions), up to `slots`
-(the service's --max-sessions); only then a second pool starts. When a pool's sessions fall to
-a quarter of its slots they move into one just big enough for them, and a pool whose last
-session closes is freed, so memory follows the sessions both ways (at most twice what they
-use, three times for the moment of a move). A pool that cannot be allocated refuses the new
-session (`CacheFull`: the client is told the service's KV memory is full and when to retry);
-sessions already open are never evicted, and a move that fails leaves them where they were.
+(every session of the service on a GPU; on the CPU as many as 2 GiB hold, CPU_POOL_BYTES,
+since allocating a pool holds every session); only then a second pool starts. When a pool's
+sessions fall to a quarter of its slots they move into one just big enough for them, and a
+pool whose last session closes is freed, so memory follows the sessions both ways (at most
+twice what they use, three times for the moment of a move). A pool that cannot be allocated
+refuses the new session (`CacheFull`: the client is told the service's KV memory is full and
+when to retry); sessions already open are never evicted, and a move that fails leaves them
+where they were.
 
 Why a stream per sequence: attention sums over the cache cells of a stream in cell order, in
 SIMD lanes by cell index. In a unified cache a session's cells sit wherever the others left
@@ -98,7 +100,12 @@ def has_llamafile_kernels() -> bool:
     return bool(probe()) if probe is not None else False
 
 
-SLOTS = 32  # sessions in the largest KV pool (the service passes its --max-sessions)
+# The largest KV pool on the CPU: allocating and zeroing a pool's memory holds the device thread,
+# and with it every session, for about a second a GB here and more beyond (the 1.5B target at
+# 4,096 tokens: 8 slots, 1.9 GB, 1.4 s; 16 slots, 3.8 GB, 6.2 s), so a pool takes as many sessions
+# as fit in this much (the 1.5B at 4,096 tokens: 8; the tiny test model: every one). On a GPU a
+# pool is a device allocation, quick: every session of the service fits one.
+CPU_POOL_BYTES = 2 << 30
 MAX_SLOTS = 256  # llama.cpp's LLAMA_MAX_SEQ: sequences a context can hold
 
 
@@ -127,14 +134,14 @@ class LlamaCache:
 
 class LlamaCppTarget:
     def __init__(self, path: str | Path, max_context: int = 4096, gpu_layers: int = -1,
-                 n_threads: int | None = None, batch_invariant: bool = True, slots: int = SLOTS,
-                 grow: bool = True, n_threads_batch: int | None = None, padding: str = "auto"):
-        if not 1 <= slots <= MAX_SLOTS:
+                 n_threads: int | None = None, batch_invariant: bool = True, slots: int | None = None,
+                 grow: bool = True, n_threads_batch: int | None = None, padding: str = "auto",
+                 sessions: int = 32):
+        if slots is not None and not 1 <= slots <= MAX_SLOTS:
             raise ValueError(f"a KV pool holds 1 to {MAX_SLOTS} sessions, got {slots}")
         if padding not in PADDING:
             raise ValueError(f"padding is one of {', '.join(PADDING)}, got {padding!r}")
         self.path = Path(path)
-        self.slots = slots  # the largest pool
         self.grow = grow  # a pool of 1 that doubles up to `slots` (False: every pool of `slots`)
         self.padding = padding
         self.costs = DecodeCosts()  # what a micro-batch and a token cost here, from the decodes run
@@ -154,11 +161,15 @@ class LlamaCppTarget:
         self._vocab = llama_cpp.llama_model_get_vocab(self.model.model)
         self.vocab_size = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.max_context = min(max_context, int(llama_cpp.llama_model_n_ctx_train(self.model.model)))
+        offload = llama_cpp.llama_supports_gpu_offload() and gpu_layers != 0
+        if slots is None:  # `sessions`: the service's --max-sessions
+            fit = MAX_SLOTS if offload else max(1, CPU_POOL_BYTES // self.kv_bytes_per_session())
+            slots = max(1, min(sessions, fit, MAX_SLOTS))
+        self.slots = slots  # the largest pool
         self.bos_id = int(llama_cpp.llama_vocab_bos(self._vocab))
         self.eos_id = int(llama_cpp.llama_vocab_eos(self._vocab))
         self.n_threads = n_threads or service_threads()  # one-token steps; physical cores: wire/threads.py
         self.n_threads_batch = n_threads_batch or self.n_threads  # blocks: verification, prompts
-        offload = llama_cpp.llama_supports_gpu_offload() and gpu_layers != 0
         self.name = f"llamacpp:{'gpu' if offload else 'cpu'}"
         self.batch_invariant = batch_invariant and not offload and not has_llamafile_kernels()
         if batch_invariant and not self.batch_invariant:
@@ -169,6 +180,13 @@ class LlamaCppTarget:
         self._batch = LlamaBatch(n_tokens=N_BATCH, embd=0, n_seq_max=1, verbose=False)  # reused by every decode
         log.info("target %s with llama.cpp (%s, %s), vocab %d", self.path.name, self.name,
                  "batch-invariant" if self.batch_invariant else "batch-shaped kernels", self.vocab_size)
+
+    def kv_bytes_per_session(self) -> int:
+        """A slot's KV memory: max_context positions of float32 keys and values in every layer."""
+        model = self.model.model
+        head_dim = llama_cpp.llama_model_n_embd(model) // llama_cpp.llama_model_n_head(model)
+        per_position = llama_cpp.llama_model_n_layer(model) * 2 * llama_cpp.llama_model_n_head_kv(model) * head_dim * 4
+        return self.max_context * per_position
 
     def token_texts(self) -> list[bytes]:
         return [llama_cpp.llama_vocab_get_text(self._vocab, i) or b"" for i in range(self.vocab_size)]
