@@ -75,26 +75,30 @@ def filled_pool(backend, count: int, rng) -> tuple[list, list[list[int]]]:
 def test_padded_and_filled_passes_move_no_logit(tiny):
     """A session's rounds give the bits it gets alone when its passes are padded into one
     micro-batch (the neighbours' blocks of 1 to 9 tokens padded to the longest, the idle streams
-    between them filled and emptied again), and an idle session's next token scores as if no
-    fill had touched its stream."""
+    between them, one a free slot, filled and emptied again), and an idle session's next token,
+    and a new session's first, score as if no fill had touched their streams."""
     single = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, slots=1)
     alone = scripted_session(single, single.new_cache())
     pooled = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, slots=8, grow=False, padding="always")
-    (first, *others), histories = filled_pool(pooled, 8, np.random.default_rng(1))
-    caches = [first, *others]
+    caches, histories = filled_pool(pooled, 8, np.random.default_rng(1))
     mine = caches[3]
     pooled.truncate(mine, 0)
+    pooled.release(caches[2])  # a free slot between members: filled too, and must stay empty
     ubatches_before = pooled.ubatches
     beside = scripted_session(pooled, mine, neighbours=[caches[0], caches[6]])
     assert pooled.padded_tokens > 0 and pooled.ubatches - ubatches_before == 8, "the passes were not padded"
     for round_, (a, b) in enumerate(zip(alone, beside)):
         assert differing_rows(a, b) == [], f"round {round_}: largest gap {np.abs(a - b).max():.3g}"
-    for idle in (1, 2, 4, 5):  # filled in every round: the streams between slots 0, 3 and 6
+    for idle in (1, 4, 5):  # filled in every round: the streams between slots 0, 3 and 6
         reference = single.new_cache()
         expected = single.forward(reference, histories[idle] + [7], 1)
         single.release(reference)
         assert caches[idle].length == len(histories[idle])
         assert differing_rows(pooled.forward(caches[idle], [7], 1), expected) == [], f"slot {idle} was moved"
+    newcomer = pooled.new_cache()  # the free slot 2, filled and emptied in every round
+    reference = single.new_cache()
+    assert newcomer.seq == 2
+    assert differing_rows(pooled.forward(newcomer, histories[2], 1), single.forward(reference, histories[2], 1)) == []
 
 
 def test_sessions_moved_into_bigger_and_smaller_pools_keep_their_bits(tiny):
