@@ -150,3 +150,16 @@ def test_a_failed_padded_pass_leaves_the_filled_streams_as_they_were(tiny):
     assert pooled.padded_tokens > 0
     expected = single.forward(single.new_cache(), histories[3] + [7], 1)
     assert differing_rows(pooled.forward(caches[3], [7], 1), expected) == []
+
+
+def test_a_cpu_pool_holds_as_many_sessions_as_its_memory_bound_allows(tiny, monkeypatch):
+    """On the CPU the largest pool holds the service's sessions, or as many as CPU_POOL_BYTES of
+    KV memory hold if fewer (allocating a pool holds every session); an explicit size wins."""
+    from remote_verify.backends import llamacpp_backend
+
+    assert LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, max_context=256, sessions=5).slots == 5
+    per_session = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, max_context=256).kv_bytes_per_session()
+    assert per_session == 256 * 2 * 2 * 2 * 16 * 4  # positions x layers x (keys, values) x KV heads x head size x 4 bytes
+    monkeypatch.setattr(llamacpp_backend, "CPU_POOL_BYTES", 3 * per_session + 1)
+    assert LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, max_context=256, sessions=32).slots == 3
+    assert LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, max_context=256, slots=8).slots == 8
