@@ -103,7 +103,7 @@ def has_llamafile_kernels() -> bool:
 # The largest KV pool on the CPU: allocating and zeroing a pool's memory holds the device thread,
 # and with it every session, for about a second a GB here and more beyond (the 1.5B target at
 # 4,096 tokens: 8 slots, 1.9 GB, 1.4 s; 16 slots, 3.8 GB, 6.2 s), so a pool takes as many sessions
-# as fit in this much (the 1.5B at 4,096 tokens: 8; the tiny test model: every one). On a GPU a
+# as fit in this much (the 1.5B at 4,096 tokens: 9; the tiny test model: every one). On a GPU a
 # pool is a device allocation, quick: every session of the service fits one.
 CPU_POOL_BYTES = 2 << 30
 MAX_SLOTS = 256  # llama.cpp's LLAMA_MAX_SEQ: sequences a context can hold
