@@ -145,8 +145,8 @@ class LlamaCppTarget:
         self.grow = grow  # a pool of 1 that doubles up to `slots` (False: every pool of `slots`)
         self.padding = padding
         self.costs = DecodeCosts()  # what a micro-batch and a token cost here, from the decodes run
-        self.padded_tokens = 0  # computed for nothing, to make passes one micro-batch (for the benchmarks)
-        self.ubatches = 0  # micro-batches run
+        self.padded_tokens = 0  # computed for nothing, to make passes one micro-batch (/metrics, benchmarks.load)
+        self.ubatches = 0  # micro-batches run (/metrics: specwire_target_micro_batches)
         self._pools: list[KvPool] = []
         if not self.path.is_file():
             raise FileNotFoundError(f"the llama.cpp backend needs a GGUF file; {self.path} is not one")
