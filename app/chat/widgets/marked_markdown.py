@@ -6,10 +6,15 @@ rendered Markdown, which moves and restyles words: its provenance is a gutter on
 in the colour of most of its characters' tokens. Segments come from `reply_segments`; only
 the last one grows while a reply streams, and it is written to incrementally (a Markdown
 stream for prose, appended spans for code), so nothing earlier is redrawn.
+
+Updates are serialized: the chat screen adds a reply's tokens from its display timer, which
+runs as a task of its own, and finishes the reply from a message handler, so the two can
+overlap; interleaved, they mounted a block twice and wrote prose into a code block.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 from textual.containers import Vertical
@@ -28,15 +33,18 @@ class MarkedMarkdown(Vertical):
         self._splitter = SegmentSplitter()
         self._shown: list[int] = []  # characters of each segment its block shows
         self._stream: MarkdownStream | None = None  # the last prose block's, while it grows
+        self._updating = asyncio.Lock()  # one update at a time, in the order they were asked for
 
     async def add(self, pieces: list[str], provenance: list[str]) -> None:
-        self._splitter.add(pieces, provenance)
-        await self._show()
+        async with self._updating:
+            self._splitter.add(pieces, provenance)
+            await self._show()
 
     async def finish(self) -> None:
-        self._splitter.finish()
-        await self._show()
-        await self._stop_stream()
+        async with self._updating:
+            self._splitter.finish()
+            await self._show()
+            await self._stop_stream()
 
     async def _show(self) -> None:
         segments = self._splitter.segments
@@ -68,6 +76,8 @@ class MarkedMarkdown(Vertical):
         return Markdown(classes="prose")
 
     async def _write_prose(self, block: Markdown, text: str) -> None:
+        if not text:
+            return
         if self._stream is None:
             self._stream = Markdown.get_stream(block)
         await self._stream.write(printable(text))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from textual.app import App, ComposeResult
@@ -73,3 +74,21 @@ def test_snapshot_a_reply_with_code_in_the_markdown_view(snap_compare):
         await _stream(pilot)
 
     assert snap_compare(OneReply(), terminal_size=(60, 14), run_before=run_before)
+
+
+async def test_a_reply_finished_while_its_last_tokens_are_still_being_shown_renders_once():
+    """The chat screen shows tokens from its display timer (a task of its own) and finishes the
+    reply from a message handler: the finish can arrive while the timer's update is mounting a
+    block. Interleaved, they mounted blocks twice and wrote prose into a code block."""
+    for split in range(1, len(REPLY) + 1):
+        async with OneReply().run_test(size=(80, 24)) as pilot:
+            turn = pilot.app.query_one(AssistantTurn)
+            for piece, mark in zip(REPLY[:split - 1], MARKS[:split - 1]):
+                await turn.add([piece], [mark])
+            showing = asyncio.create_task(turn.add(REPLY[split - 1:], MARKS[split - 1:]))
+            await asyncio.sleep(0)  # the timer's update is under way
+            await asyncio.wait_for(turn.finish("eos", {}), 10)
+            await showing
+            await pilot.pause()
+            assert [block.source for block in turn.query(Markdown)] == ["Use a set:", "Done."], split
+            assert turn.query_one("MarkedText.code", MarkedText)._text.plain == "def f(x):\n    return x", split
