@@ -3,7 +3,8 @@
 One run through what a user does: answer a prompt (marks and status line), lose the
 embedded service mid-reply (the offline notice, the reply completed, unverified tokens
 marked), quit, resume the whole conversation, stop a reply with esc and send another (a
-5,000-character paste, answered verified), and SIGKILL the chat (its service goes too).
+5,000-character paste, answered verified), switch to the Markdown view and get a reply there,
+and SIGKILL the chat (its service goes too).
 tmux is installed by `packaging/install.sh --dev`; without it this test fails, it does not skip.
 """
 
@@ -199,6 +200,16 @@ def test_the_real_chat_in_tmux_answers_goes_offline_resumes_and_leaves_no_servic
     assert end["stats"]["offline"] == 0 and end["stats"]["generated"] > 0 and end["stats"]["prompt_tokens"] > 3000
     screen = tmux.wait_for("resumed", r"\d+ tokens: \d+ draft, \d+ target( ·|\n)")
     assert "unverified" not in screen.split("lazy dog")[-1]
+
+    # ctrl+t: replies rendered as Markdown; one streams and ends, and the prompt box takes text again
+    tmux("send-keys", "-t", "resumed", "C-t")
+    tmux.wait_for("resumed", r"Markdown \(ctrl\+t\)")
+    tmux("send-keys", "-t", "resumed", "def quicksort(arr):", "Enter")
+    wait_until(lambda: _saved_end(tmp_path / "data", 5) is not None, 180, "the reply in the Markdown view")
+    # the footer drops "esc Stop" when the screen has handled the reply's end (the box is enabled)
+    wait_until(lambda: "Stop" not in tmux.screen("resumed").rstrip().splitlines()[-1], 60, "the footer without esc")
+    tmux("send-keys", "-t", "resumed", "still typing")  # a screen hung mid-update would not show it
+    tmux.wait_for("resumed", r"still typing")
 
     service = _service_pid(tmux, "resumed")
     os.kill(_chat_pid(tmux, "resumed"), signal.SIGKILL)
