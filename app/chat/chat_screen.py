@@ -134,8 +134,10 @@ class ChatScreen(Screen):
         self.app.theme_changed_signal.subscribe(self, self._restyle)
         self.show_status()
         # A fast drafter commits hundreds of rounds a second: redraw at a steady rate instead
-        # of once a round, so the screen never holds the generation back.
-        self.set_interval(1 / STREAM_FPS, self._show_tokens)
+        # of once a round, so the screen never holds the generation back. The timer only queues
+        # the update: run on the timer's own task it overlapped the handlers (a reply's end, a
+        # command), which then saw a half-shown reply.
+        self.set_interval(1 / STREAM_FPS, lambda: self.call_later(self._show_tokens))
         self.start_engine()
 
     def _restyle(self, theme) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -435,6 +436,31 @@ async def test_the_context_meter_counts_what_the_conversation_takes_of_the_conte
         assert used[0] < used[1] < used[2]
         await send(pilot, "/clear")
         assert "ctx" not in _plain(status)
+
+
+async def test_a_reply_that_ends_while_its_tokens_are_drawn_leaves_the_status_of_the_saved_turn(
+        chat_settings, monkeypatch):
+    """The display timer's update and the reply's end are handled one after the other. Run on the
+    timer's own task, a slow update (a long Markdown block) let the end be handled in its middle,
+    and the update then put the context gauge back to the prompt alone."""
+    original_add = AssistantTurn.add
+    calls = []
+
+    async def slow_add(self, pieces, provenance):
+        calls.append(len(pieces))
+        if len(calls) == 1:  # the first update is slow; the reply ends meanwhile
+            await asyncio.sleep(0.3)
+        await original_add(self, pieces, provenance)
+
+    monkeypatch.setattr(AssistantTurn, "add", slow_add)
+    app = ChatApp(chat_settings(offline=True, max_tokens=200))  # long enough to span a redraw or two
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(pilot)
+        await answered(pilot, "hello")
+        await pilot.pause(0.8)  # any update still under way ends
+        screen = app.chat_screen
+        assert len(calls) >= 2  # the reply outlasted the first update
+        assert screen.context_used == screen._context_of_saved_turns() > screen.prompt_tokens
 
 
 async def test_marks_off_in_the_settings_starts_with_rendered_markdown(chat_settings):
