@@ -36,7 +36,7 @@ class Cell:
     round_trips_per_token: float
     bytes_per_token: float
     acceptance_by_position: list[float] = field(default_factory=list)
-    same_tokens_as_server: int | None = None  # prompts whose output equals server-only's
+    same_tokens_as_target: int | None = None  # prompts whose output equals the target alone's
     by_source: dict[str, dict] = field(default_factory=dict)  # drafter -> drafted, accepted, acceptance, share
 
 
@@ -46,16 +46,18 @@ def summarize(runs: list[Run]) -> list[Cell]:
     for run in runs:
         for kind in (run.prompt_kind, ALL):
             groups.setdefault((run.mode, run.rtt_ms, kind), []).append(run)
-    # greedy output does not depend on the round trip: any server-only run of a prompt will do
-    server_tokens = {(r.prompt_kind, r.prompt_index): r.token_ids for r in runs if _base(r.mode) == "server"}
+    # The target alone: server-only, else k0 (every token the service's too). Greedy output does
+    # not depend on the round trip: any of its runs of a prompt will do.
+    reference = "server" if any(_base(r.mode) == "server" for r in runs) else "k0"
+    target_tokens = {(r.prompt_kind, r.prompt_index): r.token_ids for r in runs if _base(r.mode) == reference}
     cells = []
     for (mode, rtt, kind), group in sorted(groups.items(), key=lambda item: (_mode_order(item[0][0]), item[0][1:])):
         tokens = sum(r.tokens for r in group) or 1
         drafted = _sum_lists(r.drafted_per_position for r in group)
         accepted = _sum_lists(r.accepted_per_position for r in group)
         same = None
-        if server_tokens and _base(mode) != "server":
-            same = sum(server_tokens.get((r.prompt_kind, r.prompt_index)) == r.token_ids for r in group)
+        if target_tokens and _base(mode) != reference:
+            same = sum(target_tokens.get((r.prompt_kind, r.prompt_index)) == r.token_ids for r in group)
         cells.append(Cell(
             mode=mode, rtt_ms=rtt, prompt_kind=kind, prompts=len(group), tokens=tokens,
             tokens_per_s=tokens / max(sum(r.wall_s for r in group), 1e-9),
@@ -67,7 +69,7 @@ def summarize(runs: list[Run]) -> list[Cell]:
             round_trips_per_token=sum(r.round_trips for r in group) / tokens,
             bytes_per_token=sum(r.bytes for r in group) / tokens,
             acceptance_by_position=[a / d if d else 0.0 for a, d in zip(accepted, drafted)],
-            same_tokens_as_server=same, by_source=_by_source(group, tokens)))
+            same_tokens_as_target=same, by_source=_by_source(group, tokens)))
     return cells
 
 
@@ -90,7 +92,7 @@ def render_tables(cells: list[Cell], rtts_ms: list[float], kinds: list[str]) -> 
               f"{'busy ms/tok':>11s} {'trips/tok':>9s} {'bytes/tok':>9s} {'same':>5s}  acceptance by draft position")
     out += ["", header, "-" * len(header)]
     for c in cells:
-        same = "" if c.same_tokens_as_server is None else f"{c.same_tokens_as_server}/{c.prompts}"
+        same = "" if c.same_tokens_as_target is None else f"{c.same_tokens_as_target}/{c.prompts}"
         acceptance = " ".join(f"{a:.2f}" for a in c.acceptance_by_position[:16]) or "-"
         out.append(f"{c.mode:17s} {c.prompt_kind:6s} {c.rtt_ms:6g} {c.tokens_per_s:7.1f} {c.first_token_s:7.2f} "
                    f"{c.passes_per_token:10.3f} {c.busy_ms_per_token:11.1f} {c.round_trips_per_token:9.3f} "
