@@ -115,13 +115,17 @@ class KvPool:
     def __init__(self, context: LlamaContext, slots: int):
         self.context = context
         self.memory = llama_cpp.llama_get_memory(context.ctx)
-        self.free = list(range(slots))  # sequence ids not in use, lowest first
         self.live: dict[int, LlamaCache] = {}  # sequence id -> the session's cache
         self.slots = slots
 
     @property
+    def free(self) -> list[int]:
+        """Sequence ids not in use, lowest first."""
+        return [seq for seq in range(self.slots) if seq not in self.live]
+
+    @property
     def empty(self) -> bool:
-        return len(self.free) == self.slots
+        return not self.live
 
 
 @dataclass
@@ -203,7 +207,7 @@ class LlamaCppTarget:
                 size = 1 if self.grow else self.slots
                 pool = KvPool(self._new_context(size), size)
                 self._pools.append(pool)
-        seq = pool.free.pop(0)
+        seq = pool.free[0]
         llama_cpp.llama_memory_seq_rm(pool.memory, seq, -1, -1)  # what a previous session left
         cache = LlamaCache(pool, seq)
         pool.live[seq] = cache
@@ -228,7 +232,6 @@ class LlamaCppTarget:
         for new_seq, (_, cache) in enumerate(sorted(pool.live.items())):
             cache.pool, cache.seq = moved, new_seq
             moved.live[new_seq] = cache
-        moved.free = [seq for seq in range(size) if seq not in moved.live]
         self._pools[self._pools.index(pool)] = moved
         pool.context.close()
         log.debug("KV pool of %d slots -> %d (%d sessions moved)", pool.slots, size, len(moved.live))
@@ -339,18 +342,16 @@ class LlamaCppTarget:
             tokens = list(item.tokens) if item is not None else []
             self.padded_tokens += length - len(tokens)
             first_output = len(tokens) - item.n_logits if item is not None else len(tokens)
-            start = cache.length if cache is not None else 0
-            position, count = start, 0
+            start, count = (cache.length if cache is not None else 0), 0
             for j in range(length):
                 if n == N_BATCH:  # only an unpadded layout is this long (plan_lengths)
                     if cache is not None and item is not None:
                         advanced.append((cache, count))
                     decode()
-                    start = position = cache.length if cache is not None else 0
-                    count = 0
+                    start, count = (cache.length if cache is not None else 0), 0
                 real = j < len(tokens)
                 batch.token[n] = tokens[j] if real else PAD_TOKEN
-                batch.pos[n] = position + count
+                batch.pos[n] = start + count
                 batch.seq_id[n][0] = seq
                 batch.n_seq_id[n] = 1
                 batch.logits[n] = real and j >= first_output
@@ -384,8 +385,6 @@ class LlamaCppTarget:
         cache.released = True
         llama_cpp.llama_memory_seq_rm(pool.memory, cache.seq, -1, -1)
         del pool.live[cache.seq]
-        pool.free.append(cache.seq)
-        pool.free.sort()
         cache.length = 0
         if pool.empty:
             self._pools.remove(pool)
