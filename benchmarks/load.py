@@ -425,8 +425,15 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), choices=range(1, len(PROMPTS) + 1),
                         metavar="N", help="use the first N prompts (their references are computed first: fewer "
                         "for a large target on a CPU)")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                        help="print JSON instead of tables (to FILE, with --emulate: one record per users and mode)")
+    from benchmarks import capacity
+
+    capacity.add_arguments(parser)
     args = parser.parse_args()
+    if args.emulate:
+        capacity.main_emulated(args)
+        return
     if args.torch_static and args.backend != "torch":
         parser.error("--torch-static is a mode of the torch backend: add --backend torch")
     service_args = ("--no-batch-invariant",) if args.no_batch_invariant else ()

@@ -18,6 +18,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from local_draft.adaptive_k import AdaptiveK
+from local_draft.stream_controller import StreamController
 from local_draft.verify_client import LOOPBACK
 
 log = logging.getLogger(__name__)
@@ -42,11 +43,12 @@ def service_key(url: str) -> str:
 class ControllerMemory:
     """Load and save one controller's state under (service, draft model, target model)."""
 
-    def __init__(self, url: str, draft_name: str, target_name: str, path: Path | None = None):
-        self.key = f"{service_key(url)} | {draft_name} | {target_name}"
+    def __init__(self, url: str, draft_name: str, target_name: str, path: Path | None = None, mode: str = "rounds"):
+        # the round-based loop's key is the one it always had; the stream's controller keeps its own entry
+        self.key = f"{service_key(url)} | {draft_name} | {target_name}" + ("" if mode == "rounds" else f" | {mode}")
         self.path = path or memory_path()
 
-    def load_into(self, controller: AdaptiveK) -> bool:
+    def load_into(self, controller: AdaptiveK | StreamController) -> bool:
         """Start `controller` from the saved state; False when there is none usable."""
         state = self._read().get(self.key)
         if state is None:
@@ -59,7 +61,7 @@ class ControllerMemory:
         log.info("adaptive k starts from the state saved for %s", self.key)
         return True
 
-    def save(self, controller: AdaptiveK) -> None:
+    def save(self, controller: AdaptiveK | StreamController) -> None:
         entries = self._read()
         entries.pop(self.key, None)
         entries[self.key] = controller.state()  # last: the most recently used

@@ -21,6 +21,7 @@ from websockets.sync.client import ClientConnection, connect
 from wire.protocol import (
     SUBPROTOCOL,
     Cancel,
+    Draft,
     Error,
     Generate,
     Generated,
@@ -99,6 +100,7 @@ class VerifyClient:
                  open_timeout_s: float = 10.0, stall_timeout_s: float = 10.0,
                  max_frame_bytes: int = 4 * 1024 * 1024):
         self.url = url
+        self.hello_seed = hello.seed  # what the service's draws are keyed by (None: a seed of its own)
         self.stall_timeout_s = stall_timeout_s
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -170,7 +172,22 @@ class VerifyClient:
         self._set_deadlines(1)
         return frame
 
+    def next_generated(self, wait: bool) -> Generated | None:
+        """The stream's next frame: waited for (as receive_generated does), or, with wait=False, only
+        if it has already arrived (None if not)."""
+        if not wait and not self.reply_ready():
+            return None
+        return self.receive_generated()
+
+    def send_draft(self, draft: Draft) -> None:
+        """Guesses for a running stream; no reply (the stream's frames say what was kept)."""
+        self._send_unanswered(draft)
+
     def send_cancel(self, request: Cancel) -> None:
+        self._send_unanswered(request)
+
+    def _send_unanswered(self, request: Cancel | Draft) -> None:
+        """A message the service answers with no frame of its own: no deadline is set for it."""
         frame = encode(request)
         try:
             self._ws.send(frame)

@@ -17,6 +17,11 @@ commit) after it, on this thread, so one session's refusal or failure is its own
 request is refused at planning without touching the pass, and a pass that fails as a whole
 is undone and run again one member at a time, so that the error lands on its owner.
 `batch_tokens = 0` runs every item alone (`specwire serve --batch-tokens 0`).
+
+Members are planned in turn order, each told what the members before it put in the pass
+(`PassSoFar`: tokens and expected commits), so that a stream deciding how many draft tokens
+to verify weighs what they cost every member of this pass (remote_verify/stream_drafts.py).
+Every pass's time is recorded against its tokens in the queue's cost curve (`costs`).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from typing import Any, Callable, Hashable
 import numpy as np
 
 from remote_verify.backends import Pass, run_passes
+from remote_verify.pass_costs import PassCosts
+from remote_verify.stream_drafts import PassSoFar
 from wire.limits import BATCH_TOKENS
 
 log = logging.getLogger(__name__)
@@ -44,6 +51,7 @@ class Planned:
     share: Pass
     finish: Callable[[np.ndarray, float], Any]  # (its result, the pass's seconds) -> the item's result
     undo: Callable[[], None]  # put its cache back as it was before the pass (a failed pass is retried)
+    expected: float = 1.0  # tokens it expects to commit (a stream's guesses, weighed by their acceptance)
 
 
 @dataclass
@@ -52,12 +60,14 @@ class Shareable:
     (`plan()` may raise, refusing the request), then run with the others."""
 
     backend: Any
-    plan: Callable[[], Planned]
+    plan: Callable[[PassSoFar], Planned]  # told what the pass holds so far (nothing, run alone)
     tokens: Callable[[], int]  # tokens it would feed, read on the device thread to fit the budget
 
     def __call__(self) -> Any:
         """Run alone: plan, one pass, finish."""
-        planned = self.plan()
+        so_far = PassSoFar()
+        planned = self.plan(so_far)
+        so_far.add(planned.share, planned.expected)
         started = time.perf_counter()
         result = run_passes(self.backend, [planned.share])[0]
         return planned.finish(result, time.perf_counter() - started)
@@ -76,11 +86,13 @@ class QueueClosed(RuntimeError):
 
 
 class DeviceQueue:
-    def __init__(self, name: str = "target", batch_tokens: int = BATCH_TOKENS):
+    def __init__(self, name: str = "target", batch_tokens: int = BATCH_TOKENS, costs: PassCosts | None = None):
         if batch_tokens < 0:
             raise ValueError(f"batch_tokens must be 0 (no shared passes) or more, got {batch_tokens}")
         self.name = name
         self.batch_tokens = batch_tokens
+        self.costs = costs if costs is not None else PassCosts()
+        self.busy_s = 0.0  # the device's time in forward passes, since the start
         self.passes = 0  # forward passes run for Shareable items (shared or alone)
         self.shared_items = 0  # Shareable items run, in all
         self._ready = threading.Condition()
@@ -205,12 +217,14 @@ class DeviceQueue:
         started = time.perf_counter()
         members: list[tuple[_Item, Planned]] = []
         item = planned = error = results = result = value = None
+        so_far = PassSoFar()
         for item in items:
-            planned, error = _attempt(item.work.plan)
+            planned, error = _attempt(item.work.plan, so_far)
             if error is not None:  # refused before the pass: the others go on
                 self._hand_back(item, None, error, started)
             else:
                 members.append((item, planned))
+                so_far.add(planned.share, planned.expected)
         items.clear()
         if members:
             self.passes += 1
@@ -224,6 +238,8 @@ class DeviceQueue:
                 self._run_one_by_one(members, started)
             else:
                 forward_s = time.perf_counter() - began
+                self.busy_s += forward_s
+                self.costs.observe(so_far.tokens, forward_s)
                 for (item, planned), result in zip(members, results):
                     value, error = _attempt(planned.finish, result, forward_s)
                     self._hand_back(item, value, error, started)
@@ -231,7 +247,7 @@ class DeviceQueue:
         del items, members, item, planned, error, results, result, value
 
     def _run_one_by_one(self, members: list[tuple[_Item, Planned]], started: float) -> None:
-        item = planned = error = results = value = None
+        item = planned = error = results = value = forward_s = None
         for _, planned in members:
             _, error = _attempt(planned.undo)
             if error is not None:  # the retry below reports what is wrong with this member
@@ -242,9 +258,12 @@ class DeviceQueue:
             results, error = _attempt(run_passes, item.work.backend, [planned.share])
             value = None
             if error is None:
-                value, error = _attempt(planned.finish, results[0], time.perf_counter() - began)
+                forward_s = time.perf_counter() - began
+                self.busy_s += forward_s
+                self.costs.observe(len(planned.share.tokens), forward_s)
+                value, error = _attempt(planned.finish, results[0], forward_s)
             self._hand_back(item, value, error, started)
-        del members, item, planned, error, results, value
+        del members, item, planned, error, results, value, forward_s
 
     @staticmethod
     def _hand_back(item: _Item, result: Any, error: BaseException | None, started: float) -> None:

@@ -48,6 +48,7 @@ from wire.protocol import (
     CLOSE_VOCAB_MISMATCH,
     SUBPROTOCOL,
     Cancel,
+    Draft,
     Error,
     Generate,
     Hello,
@@ -109,6 +110,7 @@ class VerifyService:
         self.metrics.pass_members.set_function(lambda: self.queue.shared_items)
         self.metrics.micro_batches.set_function(lambda: getattr(self.backend, "ubatches", 0))
         self.metrics.padding_tokens.set_function(lambda: getattr(self.backend, "padded_tokens", 0))
+        self.metrics.busy_seconds.set_function(lambda: self.queue.busy_s)
         self.sessions: dict[str, Session] = {}
         self._connections: dict[str, ServerConnection] = {}
         self._busy: set[str] = set()  # sessions with a round in flight
@@ -170,6 +172,7 @@ class VerifyService:
         def load():
             backend = self._loader()
             fingerprint = vocab_fingerprint(backend.token_texts())
+            self.queue.costs.calibrate(backend)  # the cost curve clients and streams price drafts with
             return backend, fingerprint, make_vocab_offer(backend, fingerprint)
 
         loading = asyncio.ensure_future(self.queue.run("load", load))
@@ -277,7 +280,8 @@ class VerifyService:
         bucket = TokenBucket(self.guard.rate_per_s, self.guard.rate_burst)
         idle = IdleClock(self.guard.idle_timeout_s)  # frames either way keep the session alive
         stream = self._streams[session.id] = ServerOnlyStream(session, partial(self._run_for, session), ws,
-                                                               self.metrics, on_send=idle.touch)
+                                                               self.metrics, on_send=idle.touch,
+                                                               costs=self.queue.costs)
         try:
             while True:
                 try:
@@ -339,7 +343,7 @@ class VerifyService:
             return Error("bad_frame", f"could not decode the frame: {type(exc).__name__}")
         seq = getattr(message, "seq", 0)
         try:
-            if isinstance(message, (Generate, Cancel)):
+            if isinstance(message, (Generate, Draft, Cancel)):
                 return await stream.handle(message)
             if stream.busy:
                 return Error("busy", "a server-only generation is streaming: send cancel and wait for its last "
@@ -429,7 +433,8 @@ class VerifyService:
             await ws.send(encode(Welcome(
                 session_id=session.id, max_context=self.limits.max_context, max_draft=self.limits.max_draft,
                 vocab_size=backend.vocab_size, target=backend.name, capabilities=self._capabilities(),
-                max_frame_bytes=self.guard.max_frame_bytes, idle_timeout_s=self.guard.idle_timeout_s)))
+                max_frame_bytes=self.guard.max_frame_bytes, idle_timeout_s=self.guard.idle_timeout_s,
+                pass_costs=self.queue.costs.curve())))
         except ConnectionClosed:
             await self._close_session(session)
             return None
@@ -437,7 +442,7 @@ class VerifyService:
         return session
 
     def _capabilities(self) -> list[str]:
-        capabilities = ["greedy", "sampling", "sync", "generate"]
+        capabilities = ["greedy", "sampling", "sync", "generate", "drafts"]  # drafts: Draft frames in a stream
         if self.vocab.available:  # GET /vocab.gguf: the target's tokenizer, for clients with no model file
             capabilities.append(vocab_offer.CAPABILITY)
         return capabilities

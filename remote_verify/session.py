@@ -9,6 +9,13 @@ draft costs a truncation, never a recompute of the prefix.
 A round is device work in two halves (`verify_work`): planned (checked, its feed built,
 nothing changed) before a forward pass that other sessions' rounds may share, and finished
 (acceptance, commit, truncation) after it, with this session's share of the results.
+
+A stream (Generate) is a pass after pass of the same kind (`stream_work`): each feeds the
+last token and the client's pending guesses the pass chose to verify (remote_verify/
+stream_drafts.py), keeps the guesses that equal the target's own pick and commits the
+target's token after them. The target's pick at position n is its argmax (greedy) or the
+race of its warped distribution over the session's clocks for n (wire/sampling.py), the same
+whether a guess was there or not: a stream's text is a function of the seed alone.
 """
 
 from __future__ import annotations
@@ -24,17 +31,33 @@ import numpy as np
 from remote_verify.acceptance import accept_greedy, accept_sampled
 from remote_verify.backends import Pass, TargetBackend
 from remote_verify.memory import give_back_free_memory
+from remote_verify.pass_costs import PassCosts
 from remote_verify.scheduler import Planned, Shareable
+from remote_verify.stream_drafts import PassSoFar, StreamDrafts, best_block
 from wire.limits import MAX_STOP_IDS
 from wire.protocol import Generate, SamplingParams, SparseDist, Sync, Synced, Verdict, Verify
-from wire.randomness import Decision, DecisionRandomness, seed_problem
-from wire.sampling import warp
+from wire.randomness import DecisionRandomness, seed_problem
+from wire.sampling import race_choice, warp
 
 
 @dataclass(frozen=True)
 class SessionLimits:
     max_draft: int = 32  # longest block verified in one pass
     max_context: int = 4096  # committed tokens + draft, capped by the model's own limit
+
+
+@dataclass
+class StreamStep:
+    """What one pass of a stream committed."""
+
+    tokens: list[int]  # the guesses it kept, then the target's token (none after a kept stop token)
+    accepted: int  # of tokens, the client's guesses
+    drafted: int  # guesses the pass verified
+    source: str  # who drafted them ("model", "ngram", "" for none)
+    started: float  # when the pass was planned (time.perf_counter)
+    forward_s: float
+    pass_tokens: int  # tokens the whole pass ran, every member's
+    pass_sessions: int
 
 
 class SessionError(Exception):
@@ -70,7 +93,7 @@ class Session:
         return Shareable(self.backend, partial(self._plan_verify, request),
                          lambda: len(self.committed) - self.cached_len + len(request.append) + len(request.draft))
 
-    def _plan_verify(self, request: Verify) -> Planned:
+    def _plan_verify(self, request: Verify, so_far: PassSoFar | None = None) -> Planned:
         """Check the request and build its share of a pass; nothing changes until `finish`."""
         self._check_seq(request.seq)
         self._check_committed(request.committed_len)
@@ -85,8 +108,8 @@ class Session:
             raise SessionError(
                 "context_full",
                 f"{history} tokens + {k} drafted + 1 exceeds the context limit of {self.limits.max_context}")
-        self._check_tokens(request.append, "append")
-        self._check_tokens(request.draft, "draft")
+        self.check_tokens(request.append, "append")
+        self.check_tokens(request.draft, "draft")
         draft_dists = None if self.sampling.greedy else self._checked_dists(request)
         feed = self.committed[self.cached_len:] + list(request.append) + list(request.draft)
 
@@ -127,36 +150,86 @@ class Session:
         if history + 1 > self.limits.max_context:
             raise SessionError("context_full", f"{history} tokens leave no room under the context limit "
                                                f"of {self.limits.max_context}")
-        self._check_tokens(request.append, "append")
-        self._check_tokens(request.stop_ids, "stop_ids")
+        self.check_tokens(request.append, "append")
+        self.check_tokens(request.stop_ids, "stop_ids")
         self.committed += list(request.append)
         self.last_seq = request.seq
 
     def generate_step(self) -> tuple[int, float, float]:
         """One token by the target alone, in a pass of its own; returns (token, when the step
         started, forward seconds)."""
-        return self.next_token_work()()
+        step = self.stream_work()()
+        return step.tokens[0], step.started, step.forward_s
 
     def next_token_work(self) -> Shareable:
         """The next server-only token as device work that may share a pass with other sessions'."""
-        return Shareable(self.backend, self._plan_token, lambda: len(self.committed) - self.cached_len)
+        return self.stream_work()
 
-    def _plan_token(self) -> Planned:
+    def stream_work(self, drafts: StreamDrafts | None = None, stop_ids: frozenset[int] = frozenset(),
+                    room: int = 1, costs: PassCosts | None = None) -> Shareable:
+        """A stream's next pass as device work that may share a pass with other sessions': the
+        target's next token, after the guesses of `drafts` that the pass chooses to verify.
+
+        `room`: tokens the stream may still make (the block leaves one for the target's own);
+        `costs`: the device's cost curve, which prices the guesses (none: every guess is taken)."""
+        def tokens() -> int:  # what the pass would feed, for the queue's token budget
+            return len(self.committed) - self.cached_len + (len(self._guesses(drafts, stop_ids, room)[0]))
+
+        return Shareable(self.backend, partial(self._plan_stream_pass, drafts, stop_ids, room, costs), tokens)
+
+    def _guesses(self, drafts: StreamDrafts | None, stop_ids: frozenset[int], room: int) -> tuple[list[int], str]:
+        """The pending guesses a pass may verify: within the limits, and none after a stop token."""
+        if drafts is None:
+            return [], ""
+        guesses, source = drafts.block(self.committed)
+        cap = min(self.limits.max_draft, room - 1, self.limits.max_context - len(self.committed) - 1)
+        guesses = guesses[:max(cap, 0)]
+        for i, token in enumerate(guesses):
+            if token in stop_ids:  # what would follow a stop is never sent
+                return guesses[: i + 1], source
+        return guesses, source
+
+    def _plan_stream_pass(self, drafts: StreamDrafts | None, stop_ids: frozenset[int], room: int,
+                          costs: PassCosts | None, so_far: PassSoFar | None = None) -> Planned:
         started = time.perf_counter()
-        feed = self.committed[self.cached_len:]
+        so_far = so_far if so_far is not None else PassSoFar()
+        position = len(self.committed)  # of the first guess, and of the target's token if there is none
+        unrun = self.committed[self.cached_len:]
+        guesses, source = self._guesses(drafts, stop_ids, room)
+        take = len(guesses)
+        if guesses and costs is not None:
+            take = best_block(len(guesses), drafts.acceptance, costs.seconds, len(unrun), so_far)
+        block = guesses[:take]
+        expected = sum(drafts.acceptance ** i for i in range(len(block) + 1)) if block else 1.0
 
-        def finish(result: np.ndarray, forward_s: float) -> tuple[int, float, float]:
-            if self.sampling.greedy:  # result: the (1,) argmax id
-                token = int(result[0])
-            else:  # result: the (1, V) logits
-                probs = warp(result[0], self.sampling)
-                draw = self.randomness.at(len(self.committed), Decision.TOKEN)
-                token = int(draw.choice(probs.shape[0], p=probs))
-            self.committed.append(token)
+        def finish(result: np.ndarray, forward_s: float) -> StreamStep:
+            # result: (b + 1,) argmax ids (greedy) or (b + 1, V) logits; row i scores position + i
+            accepted = 0
+            while accepted < len(block) and block[accepted] == self._target_pick(result, position, accepted):
+                accepted += 1
+            ends = [i for i, token in enumerate(block[:accepted]) if token in stop_ids]
+            if ends:  # the stream ends at a kept stop token: nothing of the target's after it
+                made = block[: ends[0] + 1]
+            else:
+                made = block[:accepted] + [self._target_pick(result, position, accepted)]
+            self.committed += made
             self.cached_len = len(self.committed) - 1
-            return token, started, forward_s
+            self.backend.truncate(self.cache, self.cached_len)
+            if drafts is not None:
+                drafts.after_pass(position, block, accepted)
+            return StreamStep(made, min(accepted, len(made)), len(block), source if block else "", started,
+                              forward_s, so_far.tokens, so_far.sessions)
 
-        return Planned(Pass(self.cache, feed, 1, argmax_only=self.sampling.greedy), finish, self._undo)
+        return Planned(Pass(self.cache, unrun + block, len(block) + 1, argmax_only=self.sampling.greedy),
+                       finish, self._undo, expected)
+
+    def _target_pick(self, result: np.ndarray, position: int, row: int) -> int:
+        """The target's token at position + row: its argmax, or the race of its warped distribution
+        over this session's clocks for that position."""
+        if self.sampling.greedy:
+            return int(result[row])
+        probs = warp(result[row], self.sampling)
+        return race_choice(probs, self.randomness.race(position + row, probs.shape[0]))
 
     def sync(self, request: Sync) -> Synced:
         """Adopt the client's history (and its new seed, if it sends one); keep the cached prefix
@@ -165,7 +238,7 @@ class Session:
             raise SessionError("context_full", f"history of {len(request.tokens)} tokens exceeds the context limit")
         if seed_problem(request.seed):
             raise SessionError("bad_seed", seed_problem(request.seed))
-        self._check_tokens(request.tokens, "tokens")
+        self.check_tokens(request.tokens, "tokens")
         common = 0
         limit = min(self.cached_len, len(request.tokens))
         while common < limit and self.committed[common] == request.tokens[common]:
@@ -199,7 +272,8 @@ class Session:
             raise SessionError(
                 "bad_seq", f"sequence number {seq} out of order: expected {self.last_seq + 1}; send Sync")
 
-    def _check_tokens(self, tokens: list[int], field: str) -> None:
+    def check_tokens(self, tokens: list[int], field: str) -> None:
+        """SessionError bad_token if an id is outside the target's vocabulary."""
         vocab = self.backend.vocab_size
         if not tokens or (min(tokens) >= 0 and max(tokens) < vocab):  # one pass each in C, not a loop here
             return
@@ -216,7 +290,7 @@ class Session:
         for i, (token, dist) in enumerate(zip(request.draft, request.draft_dists)):
             if len(dist.ids) != len(dist.probs) or not dist.ids:
                 raise SessionError("bad_dists", f"draft distribution {i}: ids and probs differ in length or are empty")
-            self._check_tokens(dist.ids, f"draft_dists[{i}]")
+            self.check_tokens(dist.ids, f"draft_dists[{i}]")
             probs = dist.probs
             if any(not math.isfinite(p) or p < 0.0 for p in probs) or not 0.0 < sum(probs) < math.inf:
                 raise SessionError("bad_dists", f"draft distribution {i}: probabilities must be finite and >= 0")
