@@ -267,6 +267,10 @@ def add_arguments(parser) -> None:
     group.add_argument("--modes", default="default,server", help=f"with --emulate: among {', '.join(MODES)}")
     group.add_argument("--kinds", default="code,chat,prose,repeat", help="with --emulate: prompt kinds")
     group.add_argument("--replies", type=int, default=2, help="with --emulate: replies per user")
+    group.add_argument("--recording", type=Path, default=DEFAULT_RECORDING,
+                       help="with --emulate: the recorded decisions to replay (default: the default pair's)")
+    group.add_argument("--vocab", type=Path, help="with --emulate: the GGUF of the recording's vocabulary "
+                       "(default: the default pair's draft)")
     group.add_argument("--time-scale", type=float, default=1.0,
                        help="with --emulate: every emulated duration this many times longer, rates reported back")
 
@@ -278,7 +282,7 @@ def main_emulated(args) -> None:
         return
     records = run_capacity(args.emulate, args.drafter, [float(r) for r in args.rtt_ms.split(",")],
                            [int(u) for u in args.users.split(",")], args.modes.split(","), args.kinds.split(","),
-                           args.max_tokens, args.replies, args.time_scale,
+                           args.max_tokens, args.replies, args.time_scale, args.recording, args.vocab,
                            on_record=lambda r: print(f"  {r.rtt_ms:g} ms {r.users} users {r.mode}: "
                                                      f"{r.aggregate_tok_s:.1f} tok/s aggregate (emulated)", flush=True))
     print_records(records)

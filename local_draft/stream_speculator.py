@@ -158,7 +158,8 @@ class StreamSpeculator:
                 self._forget_client()
                 if self.link is None:
                     raise
-                self.link.lost(str(exc))  # a bare client (FixedLink) raises here
+                if self.link.current() in (client, None):  # not if the link already has a newer connection
+                    self.link.lost(str(exc))  # a bare client (FixedLink) raises here
                 reason = "lost"
             if reason not in INTERRUPTED:
                 break

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from typing import Sequence
 
 from wire.cost_curve import interpolate
@@ -29,7 +30,6 @@ MEMORY = 0.9  # weight of the past per observation of a size: about ten passes
 CALIBRATION_SIZES = (1, 2, 4, 8, 16)  # blocks of up to 16 tokens cover a stream's drafts
 CALIBRATION_CONTEXT = 32  # tokens cached before the timed passes, as in a short prompt
 REPORTED_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the points a Welcome carries
-
 
 class PassCosts:
     def __init__(self) -> None:
@@ -77,3 +77,19 @@ class PassCosts:
             if release is not None:
                 release(cache)
         log.info("pass costs: %s", ", ".join(f"{p.tokens} tokens {p.ms:.1f} ms" for p in self.curve(CALIBRATION_SIZES)))
+
+
+# One curve per loaded backend in this process, measured once: services that share a backend
+# object (several in one test process) share its measurements, and never calibrate it at once.
+_CURVES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_CALIBRATING = threading.Lock()
+
+
+def costs_for(backend) -> PassCosts:
+    """The cost curve of `backend`, calibrated on first use (on the caller's thread: the device's)."""
+    with _CALIBRATING:
+        costs = _CURVES.get(backend)
+        if costs is None:
+            costs = _CURVES[backend] = PassCosts()
+            costs.calibrate(backend)
+        return costs

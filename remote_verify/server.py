@@ -41,6 +41,7 @@ from remote_verify.limits import TokenBucket
 from wire.limits import ServiceLimits
 from remote_verify.logs import printable, session_log
 from remote_verify.metrics import ServiceMetrics
+from remote_verify.pass_costs import costs_for
 from wire.protocol import (
     CLOSE_GOING_AWAY,
     CLOSE_IDLE_TIMEOUT,
@@ -172,7 +173,7 @@ class VerifyService:
         def load():
             backend = self._loader()
             fingerprint = vocab_fingerprint(backend.token_texts())
-            self.queue.costs.calibrate(backend)  # the cost curve clients and streams price drafts with
+            self.queue.costs = costs_for(backend)  # the cost curve clients and streams price drafts with
             return backend, fingerprint, make_vocab_offer(backend, fingerprint)
 
         loading = asyncio.ensure_future(self.queue.run("load", load))
@@ -281,7 +282,7 @@ class VerifyService:
         idle = IdleClock(self.guard.idle_timeout_s)  # frames either way keep the session alive
         stream = self._streams[session.id] = ServerOnlyStream(session, partial(self._run_for, session), ws,
                                                                self.metrics, on_send=idle.touch,
-                                                               costs=self.queue.costs)
+                                                               costs=self.queue.costs)  # set at load
         try:
             while True:
                 try:

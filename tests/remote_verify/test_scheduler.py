@@ -125,7 +125,7 @@ def shareable(recorder: RecordingTarget, cache, name: str, tokens: list[int], fa
     """A one-row pass over `tokens` whose result is (name, argmax id); `fail` refuses it at planning."""
     recorder.names[id(cache)] = name
 
-    def plan() -> Planned:
+    def plan(so_far=None) -> Planned:
         if fail:
             raise ValueError(fail)
         held = cache.length
