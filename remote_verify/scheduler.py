@@ -18,6 +18,12 @@ request is refused at planning without touching the pass, and a pass that fails 
 is undone and run again one member at a time, so that the error lands on its owner.
 `batch_tokens = 0` runs every item alone (`specwire serve --batch-tokens 0`).
 
+Streams (`stream`) keep their next pass waiting at all times: when a pass of a stream
+finishes, its next pass is queued on the device thread before the next pass is formed, so
+every running stream is in every pass that has room for it. (Queued from the event loop
+after the result had travelled there and back, a stream would miss the pass formed in the
+meantime, and streams would take turns, each in every other pass.)
+
 Members are planned in turn order, each told what the members before it put in the pass
 (`PassSoFar`: tokens and expected commits), so that a stream deciding how many draft tokens
 to verify weighs what they cost every member of this pass (remote_verify/stream_drafts.py).
@@ -76,9 +82,13 @@ class Shareable:
 @dataclass
 class _Item:
     work: Callable[[], Any]  # or a Shareable
-    future: asyncio.Future
+    future: asyncio.Future | None  # run(): the caller's future; stream(): None
     loop: asyncio.AbstractEventLoop
     arrived: float = field(default_factory=time.perf_counter)
+    session: Hashable = None
+    # stream(): called on the device thread with the item's result: the stream's next work (None: it ends)
+    follow: Callable[[Any], Any] | None = None
+    deliver: Callable[[Any, BaseException | None, float], None] | None = None  # stream(): on the event loop
 
 
 class QueueClosed(RuntimeError):
@@ -116,18 +126,10 @@ class DeviceQueue:
         counted from then. An exception raised by `work` is raised here.
         """
         loop = asyncio.get_running_loop()
-        item = _Item(work, loop.create_future(), loop)
+        item = _Item(work, loop.create_future(), loop, session=session)
         if arrived is not None:
             item.arrived = arrived
-        with self._ready:
-            if self._closed:
-                raise QueueClosed(f"the {self.name} queue is shut down")
-            items = self._waiting.get(session)
-            if items is None:
-                items = self._waiting[session] = deque()
-                self._turns.append(session)
-            items.append(item)
-            self._ready.notify()
+        self._put(item)
         try:
             return await item.future
         finally:
@@ -135,6 +137,25 @@ class DeviceQueue:
             # the exception: without this `del` the frame leads back to the future through
             # `item`, a cycle that keeps the request alive until a full garbage collection.
             del item
+
+    def stream(self, session: Hashable, work: Callable[[], Any], follow: Callable[[Any], Any],
+               deliver: Callable[[Any, BaseException | None, float], None]) -> None:
+        """Run `work` in `session`'s turn, then, as long as `follow(result)` (called on the device
+        thread, as soon as the item is finished) gives more work, that work next, queued at once.
+        Each item's (result, error, seconds queued) goes to `deliver`, called on the caller's
+        event loop. An error ends the stream (follow is not asked)."""
+        self._put(_Item(work, None, asyncio.get_running_loop(), session=session, follow=follow, deliver=deliver))
+
+    def _put(self, item: _Item) -> None:
+        with self._ready:
+            if self._closed:
+                raise QueueClosed(f"the {self.name} queue is shut down")
+            items = self._waiting.get(item.session)
+            if items is None:
+                items = self._waiting[item.session] = deque()
+                self._turns.append(item.session)
+            items.append(item)
+            self._ready.notify()
 
     def shutdown(self, wait: bool = True) -> None:
         """Take no more work; the worker finishes the items already queued, then stops.
@@ -265,10 +286,22 @@ class DeviceQueue:
             self._hand_back(item, value, error, started)
         del members, item, planned, error, results, value, forward_s
 
-    @staticmethod
-    def _hand_back(item: _Item, result: Any, error: BaseException | None, started: float) -> None:
+    def _hand_back(self, item: _Item, result: Any, error: BaseException | None, started: float) -> None:
+        if item.follow is not None and error is not None:
+            pass  # a stream ends at its first error: delivered below
+        elif item.follow is not None:
+            following, error = _attempt(item.follow, result)
+            if error is None and following is not None:
+                try:  # the stream's next pass waits before the next pass is formed
+                    self._put(_Item(following, None, item.loop, session=item.session, follow=item.follow,
+                                    deliver=item.deliver))
+                except QueueClosed as closed:
+                    error = closed
         try:
-            item.loop.call_soon_threadsafe(_settle, item.future, result, error, started - item.arrived)
+            if item.deliver is not None:
+                item.loop.call_soon_threadsafe(item.deliver, result, error, started - item.arrived)
+            else:
+                item.loop.call_soon_threadsafe(_settle, item.future, result, error, started - item.arrived)
         except RuntimeError:  # the event loop has already closed: nobody is waiting
             log.debug("dropped a result for a closed event loop")
 

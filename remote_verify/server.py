@@ -280,9 +280,8 @@ class VerifyService:
         slog = session_log(log, session.id)
         bucket = TokenBucket(self.guard.rate_per_s, self.guard.rate_burst)
         idle = IdleClock(self.guard.idle_timeout_s)  # frames either way keep the session alive
-        stream = self._streams[session.id] = ServerOnlyStream(session, partial(self._run_for, session), ws,
-                                                               self.metrics, on_send=idle.touch,
-                                                               costs=self.queue.costs)  # set at load
+        stream = self._streams[session.id] = ServerOnlyStream(session, self.queue, ws, self.metrics,
+                                                               on_send=idle.touch, costs=self.queue.costs)
         try:
             while True:
                 try:
@@ -371,11 +370,6 @@ class VerifyService:
                                   queue_s)
         self.metrics.record_draft_source(request.draft_source, len(request.draft), verdict.accepted)
         return verdict
-
-    async def _run_for(self, session: Session, work):
-        """Run `work` on the device in `session`'s turn (a server-only step); returns its result."""
-        result, _ = await self.queue.run(session.id, work)
-        return result
 
     async def _sync(self, session: Session, request: Sync, arrived: float):
         synced, _ = await self.queue.run(session.id, partial(session.sync, request), arrived)

@@ -16,68 +16,105 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
+from dataclasses import dataclass, replace
 from typing import Awaitable, Callable
 
 from websockets.exceptions import ConnectionClosed
 
 from wire.protocol import Cancel, Draft, Error, Generate, Generated, encode
 from remote_verify.pass_costs import PassCosts
-from remote_verify.scheduler import QueueClosed
+from remote_verify.scheduler import DeviceQueue, Planned, QueueClosed, Shareable
 from remote_verify.session import Session, SessionError, StreamStep
 from remote_verify.stream_drafts import StreamDrafts
 
 log = logging.getLogger(__name__)
 
-RunOnDevice = Callable[[Callable], Awaitable]  # runs a function on the device's worker
 Send = Callable[[Generated], Awaitable[None]]
 
 
-async def stream_generation(session: Session, request: Generate, run: RunOnDevice, send: Send,
+@dataclass
+class Streamed:
+    """One pass of a stream, finished on the device thread: what it made, and whether the stream ends."""
+
+    step: StreamStep
+    committed_len: int
+    reason: str = ""  # why the stream ends after this pass ("eos", "max_tokens", "context", a cancel's), or ""
+
+
+async def stream_generation(session: Session, request: Generate, queue: DeviceQueue, send: Send,
                             cancelled: asyncio.Event, why_cancelled: Callable[[], str] = lambda: "cancelled",
                             on_step: Callable[[StreamStep, float], None] | None = None,
                             drafts: StreamDrafts | None = None, costs: PassCosts | None = None) -> None:
     """Serve one Generate (already accepted by `session.start_generation`).
 
-    `why_cancelled()` names the stop once `cancelled` is set: "cancelled" (the client's
+    The passes run back to back on the device (`DeviceQueue.stream`: each pass's successor is
+    queued as it finishes, on the device thread); this coroutine sends their frames as they
+    come. `why_cancelled()` names the stop once `cancelled` is set: "cancelled" (the client's
     Cancel) or "going_away" (the service is shutting down: the client continues elsewhere).
     `drafts`: the client's guesses as they arrive (None: the target alone).
     """
-    made = 0
-    reason = "max_tokens"
     stop_ids = frozenset(request.stop_ids)  # looked up once per token: a set, whatever the client repeated
-    while made < request.max_tokens:
-        if cancelled.is_set():
-            reason = why_cancelled()
-            break
+    made = 0
+
+    def ends(last: int | None) -> str:
+        """Why the stream ends before another pass ("" if it goes on); on the device thread."""
+        if last is not None and last in stop_ids:
+            return "eos"
+        if made >= request.max_tokens:
+            return "max_tokens"
+        if cancelled.is_set():  # set on the event loop, read here: a pass late at most
+            return why_cancelled()
         if len(session.committed) + 1 > session.limits.max_context:
-            reason = "context"
-            break
-        queued = time.perf_counter()
-        step = await run(session.stream_work(drafts, stop_ids, request.max_tokens - made, costs))  # may share a pass
-        made += len(step.tokens)
-        queue_s = max(0.0, step.started - queued)
+            return "context"
+        return ""
+
+    def next_pass() -> Shareable:
+        """The stream's next pass, whose result says what it made and whether the stream ends."""
+        inner = session.stream_work(drafts, stop_ids, request.max_tokens - made, costs)
+
+        def plan(so_far) -> Planned:
+            planned = inner.plan(so_far)
+
+            def finish(result, forward_s: float) -> Streamed:
+                nonlocal made
+                step = planned.finish(result, forward_s)
+                made += len(step.tokens)
+                return Streamed(step, len(session.committed), ends(step.tokens[-1]))
+
+            return replace(planned, finish=finish)
+
+        return Shareable(inner.backend, plan, inner.tokens)
+
+    reason = ends(None)
+    if reason:
+        await send(Generated(seq=request.seq, tokens=[], committed_len=len(session.committed), done=True,
+                             stop_reason=reason))
+        return
+    results: asyncio.Queue = asyncio.Queue()
+    queue.stream(session.id, next_pass(), lambda streamed: None if streamed.reason else next_pass(),
+                 lambda result, error, queued_s: results.put_nowait((result, error, queued_s)))
+    while True:
+        streamed, error, queued_s = await results.get()
+        if error is not None:
+            raise error
+        step = streamed.step
         if on_step is not None:
-            on_step(step, queue_s)
-        stop = step.tokens[-1] in stop_ids
-        done = stop or made >= request.max_tokens
-        await send(Generated(seq=request.seq, tokens=step.tokens, committed_len=len(session.committed),
-                             done=done, stop_reason=("eos" if stop else "max_tokens") if done else "",
-                             forward_s=step.forward_s, queue_s=queue_s, accepted=step.accepted,
-                             drafted=step.drafted, pass_tokens=step.pass_tokens, pass_sessions=step.pass_sessions))
-        if done:
+            on_step(step, queued_s)
+        await send(Generated(seq=request.seq, tokens=step.tokens, committed_len=streamed.committed_len,
+                             done=bool(streamed.reason), stop_reason=streamed.reason, forward_s=step.forward_s,
+                             queue_s=queued_s, accepted=step.accepted, drafted=step.drafted,
+                             pass_tokens=step.pass_tokens, pass_sessions=step.pass_sessions))
+        if streamed.reason:
             return
-    await send(Generated(seq=request.seq, tokens=[], committed_len=len(session.committed), done=True,
-                         stop_reason=reason))
 
 
 class ServerOnlyStream:
     """A connection's server-only generation: at most one at a time, cancellable."""
 
-    def __init__(self, session: Session, run: RunOnDevice, ws, metrics=None,
+    def __init__(self, session: Session, queue: DeviceQueue, ws, metrics=None,
                  on_send: Callable[[], None] = lambda: None, costs: PassCosts | None = None):
         self.session = session
-        self.run = run
+        self.queue = queue
         self.ws = ws
         self.metrics = metrics
         self.on_send = on_send  # each frame sent (the idle timeout counts them)
@@ -103,7 +140,7 @@ class ServerOnlyStream:
         if self.busy:
             return Error("busy", "a server-only generation is already streaming: cancel it first", seq=message.seq)
         try:
-            await self.run(lambda: self.session.start_generation(message))
+            await self.queue.run(self.session.id, lambda: self.session.start_generation(message))
         except SessionError as exc:
             return Error(exc.code, exc.message, seq=message.seq, fatal=exc.fatal)
         self._seq = message.seq
@@ -135,7 +172,10 @@ class ServerOnlyStream:
         return Error("bad_request", problem, seq=draft.seq) if problem else None
 
     def stop(self) -> None:
-        """The connection is gone: drop the stream without a last frame."""
+        """The connection is gone: drop the stream without a last frame (the device stops after
+        the pass it may be running: its successor sees the stream cancelled)."""
+        self._why = "lost"
+        self._cancelled.set()
         if self._task is not None:
             self._task.cancel()
 
@@ -146,7 +186,7 @@ class ServerOnlyStream:
 
         on_step = self.metrics.record_stream_pass if self.metrics is not None else None
         try:
-            await stream_generation(self.session, request, self.run, send, cancelled, lambda: self._why, on_step,
+            await stream_generation(self.session, request, self.queue, send, cancelled, lambda: self._why, on_step,
                                     self.drafts, self.costs)
         except (ConnectionClosed, QueueClosed):  # the client left, or the service is stopping
             pass
