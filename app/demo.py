@@ -83,7 +83,7 @@ def explain_divergence(target_path: Path, context: list[int], alone: list[int], 
     a fault to report, whatever the gap: a service started with --no-batch-invariant, or a
     llama.cpp build with llamafile's kernels, can resolve a near-tie differently.
     """
-    from remote_verify.backends import load_backend
+    from remote_verify.backends.factory import load_backend
 
     at = next(i for i, (a, b) in enumerate(zip(alone, hybrid)) if a != b)
     backend = load_backend("auto", target_path, device="cpu")
