@@ -86,8 +86,8 @@ class ChatScreen(Screen):
                              f"{'s' if len(conversation.turns) != 1 else ''}")
             yield from self._turn_widgets()
             yield LoadingPanel(self.settings.steady_display)
+        # Enabled from the start: a message sent before the service is up waits for it (ReplyStream).
         prompt = PromptInput(sent_prompts=[turn.user for turn in conversation.turns], id="prompt")
-        prompt.disabled = True
         if self.settings.steady_display:
             prompt.cursor_blink = False
         yield prompt
@@ -132,6 +132,7 @@ class ChatScreen(Screen):
         # the update: run on the timer's own task it overlapped the handlers (a reply's end, a
         # command), which then saw a half-shown reply.
         self.set_interval(1 / STREAM_FPS, lambda: self.call_later(self.stream.show_tokens))
+        self.query_one(PromptInput).focus()
         self.start_engine()
 
     def _restyle(self, theme) -> None:
@@ -143,7 +144,7 @@ class ChatScreen(Screen):
         self.show_status()
 
     def on_unmount(self) -> None:
-        self.stream.stop()
+        self.stream.stop_requested.set()
         self.engine.close()
 
     # ---- starting -------------------------------------------------------------------
@@ -185,14 +186,20 @@ class ChatScreen(Screen):
     async def on_engine_ready(self, message: EngineReady) -> None:
         self.working = ""
         await self.query(LoadingPanel).remove()
-        prompt = self.query_one(PromptInput)
-        prompt.disabled = False
-        prompt.focus()
         self.ready = True
+        if not self.replying:
+            self.query_one(PromptInput).focus()
         self.show_status()
+        await self.stream.run_pending()
 
     def on_startup_failed(self, message: StartupFailed) -> None:
         self.problem = message.problem
+        if self.stream.pending is not None and message.problem.offline_possible and self.drafting_model():
+            # A message waits: answer it offline, as a service lost mid-reply is handled.
+            self.stream.current.add_note(f"the verification service did not come ({message.problem}): "
+                                         "answered offline, unverified tokens are marked (/online tries again)")
+            self._after_problem("offline")
+            return
         for panel in self.query(LoadingPanel):
             panel.stop_clock()  # behind the dialog nothing is being waited for
         self.app.push_screen(ProblemScreen(message.problem), self._after_problem)
@@ -206,23 +213,28 @@ class ChatScreen(Screen):
                 panel.restart_clock("retrying")
             self.connect_engine(ready=True)
         else:
-            self.app.exit(return_code=2, message=f"specwire chat: {self.problem}")
+            unsent = f"\nyour message was not sent: {self.stream.pending}" if self.stream.pending else ""
+            self.app.exit(return_code=2, message=f"specwire chat: {self.problem}{unsent}")
 
     # ---- sending and streaming ------------------------------------------------------
 
     async def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
         text = message.text
-        if not text.strip() or not self.ready:
+        if not text.strip():
+            return
+        if is_command(text) and not self.ready:
+            self.add_notice("the chat is still starting: commands wait until it is ready", "warning")
             return
         if is_command(text):
             await self.commands.carry_out(text)
             return
-        if self.replying or self.working:
+        if self.replying:
             self.add_notice("wait for the reply to end (or press esc to stop it)", "warning")
             return
         text = text[1:] if text.startswith("//") else text
         try:
-            self.engine.check_prompt(text)
+            if self.engine_waited_for() is None:  # else checked when the engine takes it
+                self.engine.check_prompt(text)
         except ValueError as exc:  # too long: the text stays in the box to be shortened
             self.add_notice(str(exc), "error")
             return
@@ -234,6 +246,16 @@ class ChatScreen(Screen):
     async def start_reply(self, text: str) -> None:
         """Show the message and an empty reply, and generate it on the engine's worker."""
         await self.stream.start(text)
+
+    def engine_waited_for(self) -> str | None:
+        """What a message sent now must wait for before the engine takes it (None: nothing)."""
+        if not self.ready:
+            return "the verification service"
+        return f"the chat ({self.working})" if self.working else None
+
+    def drafting_model(self) -> bool:
+        """A draft model runs here, so the chat can go on offline (not so with --draft ngram)."""
+        return self.engine.drafting != "ngram"
 
     def on_reply_started(self, message: ReplyStarted) -> None:
         self.stream.reading(message)
@@ -259,19 +281,22 @@ class ChatScreen(Screen):
         self.show_status()
 
     def set_replying(self, replying: bool) -> None:
+        # The box stays enabled and focused: what is typed meanwhile is kept for the next message
+        # (a disabled box dropped the keys, and moved the focus that an esc then had to find).
         self.replying = replying
-        prompt = self.query_one(PromptInput)
-        prompt.disabled = replying
         if not replying:
-            prompt.focus()
+            self.query_one(PromptInput).focus()
         self.refresh_bindings()
         self.show_status()
 
-    def action_stop_reply(self) -> None:
+    async def on_prompt_input_stop_requested(self, message: PromptInput.StopRequested) -> None:
+        await self.action_stop_reply()  # esc typed into the box, after the Enter typed before it
+
+    async def action_stop_reply(self) -> None:
         if self.replying:
             # Not `working`: that blocks commands until a slow command ends, and the reply's end is
             # what ends a stop.
-            self.stream.stop()
+            await self.stream.stop()
             self.show_status()
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
@@ -340,11 +365,12 @@ class ChatScreen(Screen):
         self.context_used = 0
         self.show_status()
 
-    def on_command_done(self, message: CommandDone) -> None:
+    async def on_command_done(self, message: CommandDone) -> None:
         self.working = ""
         self.add_notice(message.text, "error" if message.error else "info")
         self.stats = dataclasses.replace(self.stats, mode=self.engine.mode)
         self.show_status()
+        await self.stream.run_pending()
 
     # ---- helpers --------------------------------------------------------------------
 
@@ -365,7 +391,8 @@ class ChatScreen(Screen):
         if not self.ready and not self.working:  # show the mode the chat is starting into
             mode = "offline" if self.settings.offline else "remote" if self.engine.k == 0 else "hybrid"
             stats, connection = dataclasses.replace(stats, mode=mode), Connection(False, "starting")
-        waiting = self.replying and self.stream.waiting
-        doing = self.working or ("stopping" if self.stream.stopping else "waiting for the first token" if waiting else "")
+        waiting_for = self.stream.waiting_for if self.replying else ""  # the service, or the first token
+        doing = self.working or ("stopping" if self.stream.stopping else
+                                 f"waiting for {waiting_for}" if waiting_for else "")
         busy = doing + " ..." if doing else ""
         self.query_one(StatusLine).show(stats, connection, busy, (self.context_used, self.engine.context_limit))

@@ -3,14 +3,19 @@
 A reply is generated on the engine's worker ("engine", the group every blocking engine
 call runs in), which commits rounds hundreds a second with a fast drafter; the screen
 hands each one here (`committed`) and `show_tokens`, on a timer, puts every round queued
-since on screen in one update, with the figures of the status line. Esc asks the reply to
-stop (`stop`): it ends within a round, and its end is drawn after its last rounds.
+since on screen in one update, with the figures of the status line.
+
+A message sent while the engine cannot take it (the chat starts, or reconnects) is
+shown at once all the same, waiting, and generated when the engine is free
+(`run_pending`). Esc (`stop`) stops a reply in every state: a waiting message is taken
+back into the prompt box; a reply under way ends within a round.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from functools import partial
 from typing import Protocol
 
 from textual.containers import VerticalScroll
@@ -20,6 +25,7 @@ from app.chat.messages import ReplyFinished, ReplyStarted, TokensCommitted
 from app.chat.settings import ChatSettings
 from app.chat.state import LiveStats
 from app.chat.widgets.assistant_turn import AssistantTurn
+from app.chat.widgets.prompt_input import PromptInput
 from app.chat.widgets.turns import UserTurn
 
 log = logging.getLogger(__name__)
@@ -37,10 +43,12 @@ class StreamHost(Protocol):
     context_used: int  # the tokens the conversation takes of the context
 
     def query_one(self, selector, expect_type=None): ...
+    def query(self, selector): ...
     def run_worker(self, work, **options): ...
     def post_message(self, message) -> bool: ...
     def set_replying(self, replying: bool) -> None: ...
     def follow_transcript(self) -> None: ...
+    def engine_waited_for(self) -> str | None: ...
     def show_status(self) -> None: ...
     def add_notice(self, text: str, kind: str = "info") -> None: ...
 
@@ -51,27 +59,54 @@ class ReplyStream:
         self.current: AssistantTurn | None = None  # the reply streaming now
         self.prompt_tokens = 0  # of the reply in progress, or the last one: for the context meter
         self._unshown: list[TokensCommitted] = []  # rounds committed but not drawn yet
-        self.stop_requested = threading.Event()
+        self.pending: str | None = None  # a message shown, waiting for the engine to take it
+        self.stop_requested = threading.Event()  # the reply under way's own (a new one each reply)
         self.stopping = False  # esc was pressed: the reply ends within a round (its end clears it)
 
     @property
-    def waiting(self) -> bool:
-        """A reply is on screen with no token yet."""
-        return self.current is not None and self.current.waiting
+    def waiting_for(self) -> str:
+        """What the reply on screen waits for ("the first token"), or "" once its tokens come."""
+        return self.current.waiting_for if self.current is not None and self.current.waiting else ""
 
     async def start(self, text: str) -> None:
-        """Show the message and an empty reply, and generate it on the engine's worker."""
+        """Show the message and an empty reply; generate it on the engine's worker, at once if
+        the engine is free, else when it is (`run_pending`)."""
         await self.open(text)
         self.screen.set_replying(True)
-        self.screen.run_worker(lambda: self._generate(text), thread=True, exclusive=True, group="engine",
-                               exit_on_error=False)
+        waited_for = self.screen.engine_waited_for()
+        if waited_for is None:
+            self._run(text)
+        else:
+            self.pending = text
+            self.current.wait_for(waited_for)
+            self.screen.show_status()
 
-    def _generate(self, text: str) -> None:
+    async def run_pending(self) -> None:
+        """The engine is free: generate the message that waited for it (one that no longer fits
+        the context goes back into the box, with the reason)."""
+        text, self.pending = self.pending, None
+        if text is None:
+            return
+        try:
+            self.screen.engine.check_prompt(text)
+        except ValueError as exc:
+            await self._take_back(text, str(exc), "error")
+            return
+        self.current.wait_for("the first token")
+        self._run(text)
+
+    def _run(self, text: str) -> None:
+        # A new stop flag for each reply, made here and never cleared: an esc pressed before the
+        # worker's thread starts (a busy executor) is kept, and no earlier esc carries over.
+        self.stop_requested = threading.Event()
+        self.screen.run_worker(partial(self._generate, text, self.stop_requested), thread=True,
+                               exclusive=True, group="engine", exit_on_error=False)
+
+    def _generate(self, text: str, stop_requested: threading.Event) -> None:
         """On the engine's worker: the whole reply; its end is posted to the screen."""
-        self.stop_requested.clear()
         screen = self.screen
         try:
-            outcome = screen.engine.reply(text, self.stop_requested.is_set)
+            outcome = screen.engine.reply(text, stop_requested.is_set)
         except ValueError as exc:
             screen.post_message(ReplyFinished(None, str(exc)))
         except Exception as exc:  # the engine saved what it could; the app goes on
@@ -80,10 +115,30 @@ class ReplyStream:
         else:
             screen.post_message(ReplyFinished(outcome))
 
-    def stop(self) -> None:
-        """Esc: the reply ends after the round under way."""
+    async def stop(self) -> None:
+        """Esc: a waiting message goes back into the box; a reply under way ends after its round."""
+        if self.pending is not None:
+            text, self.pending = self.pending, None
+            await self._take_back(text, "not sent", "info")
+            return
         self.stop_requested.set()
         self.stopping = True
+
+    async def _take_back(self, text: str, why: str, kind: str) -> None:
+        """Remove a message that was never generated from the transcript, into the prompt box (or,
+        if something was typed there since, into the box's history: Up brings it back)."""
+        screen = self.screen
+        await screen.query(UserTurn).last().remove()
+        await self.current.remove()
+        self.current = None
+        screen.set_replying(False)
+        prompt = screen.query_one(PromptInput)
+        if prompt.text:
+            screen.add_notice(f"{why}: the message is in the box's history (Up brings it back)", kind)
+            return
+        prompt.load_text(text)
+        prompt.move_cursor(prompt.document.end)
+        screen.add_notice(f"{why}: the message is back in the box", kind)
 
     async def open(self, text: str) -> None:
         """Show the message and an empty reply under it, and follow them."""
