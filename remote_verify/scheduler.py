@@ -31,7 +31,7 @@ from typing import Any, Callable, Hashable
 
 import numpy as np
 
-from remote_verify.backends import Pass, run_passes
+from remote_verify.backends.target import Pass, run_passes
 from wire.limits import BATCH_TOKENS
 
 log = logging.getLogger(__name__)

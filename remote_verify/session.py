@@ -22,7 +22,7 @@ from functools import partial
 import numpy as np
 
 from remote_verify.acceptance import accept_greedy, accept_sampled
-from remote_verify.backends import Pass, TargetBackend
+from remote_verify.backends.target import Pass, TargetBackend
 from remote_verify.memory import give_back_free_memory
 from remote_verify.scheduler import Planned, Shareable
 from wire.limits import MAX_STOP_IDS
