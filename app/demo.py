@@ -81,11 +81,12 @@ def demo_models(tiny: bool) -> tuple[Path, Path]:
 def explain_divergence(target_path: Path, context: list[int], alone: list[int], hybrid: list[int]) -> str:
     """Where the two outputs part, and how far apart the target scores the two tokens there.
 
-    The service verifies with batch-invariant kernels (README, "Target backends"), so this is
-    a fault to report, whatever the gap: a service started with --no-batch-invariant, or a
-    llama.cpp build with llamafile's kernels, can resolve a near-tie differently.
+    The service verifies with batch-invariant kernels (docs/how-it-works.md, "Batch-invariant
+    kernels"), so this is a fault to report, whatever the gap: a service started with
+    --no-batch-invariant, or a llama.cpp build with llamafile's kernels, can resolve a
+    near-tie differently.
     """
-    from remote_verify.backends import load_backend
+    from remote_verify.backends.factory import load_backend
 
     at = next(i for i, (a, b) in enumerate(zip(alone, hybrid)) if a != b)
     backend = load_backend("auto", target_path, device="cpu")

@@ -97,7 +97,7 @@ def add_service_arguments(serve: argparse.ArgumentParser) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     from remote_verify.access import exposure_problem, is_loopback, server_tls_context
-    from remote_verify.backends import load_backend
+    from remote_verify.backends.factory import load_backend
     from remote_verify.logs import escape_log_messages, use_json_logs
     from remote_verify.server import ServiceConfig, TargetLoadError, VerifyService
     from remote_verify.session import SessionLimits

@@ -84,7 +84,7 @@ def start_attackers(url: str, hello: bytes, shape: str, connections: int, proces
 
 
 def honest_summary(results, wall_s: float) -> dict:
-    from benchmarks.load import percentiles
+    from benchmarks.session_wave import percentiles
 
     round_trips = [sample[0] for result in results for sample in result.samples]
     summary = {f"{name}_ms": value * 1000 for name, value in percentiles(round_trips, (50, 99)).items()}
@@ -98,7 +98,7 @@ def honest_summary(results, wall_s: float) -> dict:
 
 def run(target: Path, draft_path: Path, sessions: int, rounds: int, attackers: int, memory_connections: int,
         k: int = 4, max_tokens: int = 48) -> dict:
-    from benchmarks.load import (
+    from benchmarks.session_wave import (
         MIB, PROMPTS, Service, hello_for, reference_continuations, run_wave, wait_until_closed,
     )
     from local_draft.draft_model import DraftModel

@@ -149,7 +149,7 @@ def median_ms(repeats: int, *runs) -> list[float]:
 
 
 def measure_model(name: str, device: torch.device, args) -> dict:
-    from remote_verify.backends import Pass
+    from remote_verify.backends.target import Pass
     from remote_verify.backends.torch_static import StaticEngine
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -237,7 +237,7 @@ def measure_model(name: str, device: torch.device, args) -> dict:
 
 def graph_difference(model, engine, prompt, rng, args) -> float:
     """Largest |logit| difference between the graphed forward and the same forward run eagerly."""
-    from remote_verify.backends import Pass
+    from remote_verify.backends.target import Pass
     from remote_verify.backends.torch_static import StaticEngine
 
     plain = StaticEngine(model, slots=1, context=engine.context, cuda_graphs=False)

@@ -42,7 +42,7 @@ from typing import Any, Callable, Hashable
 
 import numpy as np
 
-from remote_verify.backends import Pass, run_passes
+from remote_verify.backends.target import Pass, run_passes
 from remote_verify.pass_costs import PassCosts
 from remote_verify.stream_drafts import PassSoFar
 from wire.limits import BATCH_TOKENS

@@ -34,7 +34,7 @@ from websockets.http11 import Request, Response
 from websockets.protocol import State
 
 from remote_verify.access import bearer_problem
-from remote_verify.backends import CacheFull, TargetBackend
+from remote_verify.backends.target import CacheFull, TargetBackend
 from remote_verify.frames import BadFrame, FrameReader, frame_cost, hello_problems
 from remote_verify.idle import IdleClock
 from remote_verify.limits import TokenBucket

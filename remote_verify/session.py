@@ -29,7 +29,7 @@ from functools import partial
 import numpy as np
 
 from remote_verify.acceptance import accept_greedy, accept_sampled
-from remote_verify.backends import Pass, TargetBackend
+from remote_verify.backends.target import Pass, TargetBackend
 from remote_verify.memory import give_back_free_memory
 from remote_verify.pass_costs import PassCosts
 from remote_verify.scheduler import Planned, Shareable

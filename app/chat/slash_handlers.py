@@ -3,10 +3,12 @@
 Each handler is `async def name(argument)`: it changes the chat through the engine and
 tells the user through the screen. A ValueError's message is shown as an error and the
 command's text stays in the box to be fixed; a BusyError says the reply must end first.
+`carry_out` runs a command typed in the box, `from_palette` one picked in the palette.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -16,10 +18,14 @@ from app.chat.copying import code_blocks, parse_copy_argument
 from app.chat.engine import ChatEngine
 from app.chat.export import default_path, save_markdown
 from app.chat.settings import ChatSettings
-from app.chat.slash_commands import help_text, parse_temperature
+from app.chat.slash_commands import SlashCommand, help_text, parse, parse_temperature
+from app.chat.state import BusyError
 from app.chat.stats_table import stats_table
 from app.chat.store import ChatInUse, ChatNotFound, ChatSummary, in_use
+from app.chat.widgets.prompt_input import PromptInput
 from app.generation_flags import parse_k
+
+log = logging.getLogger(__name__)
 
 
 class ChatView(Protocol):
@@ -29,6 +35,9 @@ class ChatView(Protocol):
     settings: ChatSettings
     app: object
 
+    def query_one(self, selector, expect_type=None): ...
+    def run_worker(self, work, **options): ...
+    def follow_transcript(self) -> None: ...
     def add_notice(self, text: str, kind: str = "info") -> None: ...
     def show_status(self) -> None: ...
     def chat_title(self) -> str: ...
@@ -45,6 +54,44 @@ class SlashHandlers:
     def __init__(self, screen: ChatView):
         self.screen = screen
         self.engine = screen.engine
+
+    async def carry_out(self, text: str, keep_prompt: bool = False) -> None:
+        """Carry out `/name argument`; on an error the text stays in the box to be fixed.
+
+        A command may return text for the box (/edit), which then replaces the command."""
+        try:
+            command, argument = parse(text)
+            for_the_box = await getattr(self, command.name)(argument)
+        except ValueError as exc:
+            self.screen.add_notice(str(exc), "error")
+            return
+        except BusyError:
+            self.screen.add_notice("that has to wait for the reply to end (or press esc to stop it)", "warning")
+            return
+        except Exception as exc:  # a bug in one command must not take the chat down
+            log.exception("command %s failed", text)
+            self.screen.add_notice(f"{text.split()[0]} failed: {exc!r} (details in the log file)", "error")
+            return
+        prompt = self.screen.query_one(PromptInput)
+        if keep_prompt:  # from a key, not typed: what is in the box stays
+            self.screen.follow_transcript()
+            return
+        prompt.remember(text)
+        prompt.clear()
+        if for_the_box:
+            prompt.load_text(for_the_box)
+            prompt.move_cursor(prompt.document.end)
+        self.screen.follow_transcript()  # what the command said is at the bottom
+
+    def from_palette(self, command: SlashCommand) -> None:
+        """From the command palette: run it, or put it in the box when it takes an argument."""
+        if command.argument:
+            prompt = self.screen.query_one(PromptInput)
+            prompt.load_text(f"/{command.name} ")
+            prompt.move_cursor(prompt.document.end)
+            prompt.focus()
+        else:
+            self.screen.run_worker(self.carry_out(f"/{command.name}"), exclusive=False)
 
     async def help(self, argument: str) -> None:
         self.screen.add_notice(help_text())

@@ -28,7 +28,7 @@ import numpy as np
 
 from benchmarks.emulation.profiles import TargetProfile
 from benchmarks.emulation.recording import Recorded, Recording
-from remote_verify.backends import Pass, run_passes
+from remote_verify.backends.target import Pass, run_passes
 
 
 class ReplayError(RuntimeError):

@@ -58,8 +58,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from remote_verify.backends import CacheFull, Pass
 from remote_verify.backends.llama_pass_plan import DecodeCosts, PassLayout, plan_lengths, ubatch_count
+from remote_verify.backends.target import CacheFull, Pass
 from wire.llama_switches import prepare_llama_cpp
 from wire.threads import service_threads
 

@@ -60,7 +60,7 @@ def test_serve_verifies_with_batch_invariant_kernels_unless_told_not_to(tiny, fl
 def test_an_onnx_target_is_not_served_batch_invariant(tmp_path):
     """ONNX Runtime has no such mode: asking for it says so and names the backends that have it."""
     from models.onnx_manifest import MANIFEST_NAME
-    from remote_verify.backends import load_backend
+    from remote_verify.backends.factory import load_backend
 
     (tmp_path / MANIFEST_NAME).write_text("{}")
     with pytest.raises(ValueError, match="no batch-invariant mode.*llamacpp or torch"):

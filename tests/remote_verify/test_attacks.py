@@ -22,7 +22,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from benchmarks.load import TimedClient, pin_to_one_cpu, rss_bytes
+from benchmarks.session_wave import TimedClient, pin_to_one_cpu, rss_bytes
 from local_draft.speculator import Speculator
 from wire.limits import MAX_STOP_IDS, ServiceLimits
 from wire.protocol import (

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from benchmarks.load import pin_to_one_cpu, rss_bytes
+from benchmarks.session_wave import pin_to_one_cpu, rss_bytes
 from local_draft.draft_model import DraftModel
 from local_draft.speculator import Speculator
 from local_draft.verify_client import VerifyClient

@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from remote_verify.backends import Pass
 from remote_verify.backends.llama_pass_plan import DecodeCosts, plan_lengths, ubatch_count
 from remote_verify.backends.llamacpp_backend import LlamaCppTarget, restream
+from remote_verify.backends.target import Pass
 from tests.remote_verify.test_batch_invariance import NEIGHBOUR_HISTORIES, differing_rows, scripted_session
 
 

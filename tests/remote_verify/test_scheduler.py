@@ -11,7 +11,7 @@ from functools import partial
 
 import pytest
 
-from remote_verify.backends import Pass
+from remote_verify.backends.target import Pass
 from remote_verify.scheduler import DeviceQueue, Planned, QueueClosed, Shareable
 
 
