@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 STOP_REASONS = {"cancelled": "stopped"}  # the service's word -> the loop's
 INTERRUPTED = ("going_away", "lost")  # the stream ended before its end: continue on a new connection
 MIN_SEND_INTERVAL_S = 0.002  # guesses made faster than this go out together (a service counts frames)
+STOP_POLL_S = 0.05  # waiting for a frame, a stop asked by the user is seen within this
 NGRAM_MIN_MATCH = 2  # shorter matches (a common token) guess badly: not sent in "mixed"
 
 
@@ -188,6 +189,8 @@ class StreamSpeculator:
                 wants_guess = drafting and len(chain.tokens) < horizon
                 if not wants_guess and chain.sent < len(chain.tokens):
                     self._send(client, seq, chain)  # before waiting: what was guessed goes out
+                if not wants_guess and not cancelled and should_stop is not None:
+                    cancelled = self._wait_or_cancel(client, seq, should_stop)
                 try:
                     frame = client.next_generated(wait=not wants_guess)
                 except VerifyError as exc:
@@ -227,6 +230,19 @@ class StreamSpeculator:
             stats.bytes_sent += client.bytes_sent - sent0
             stats.bytes_received += client.bytes_received - received0
 
+    @staticmethod
+    def _wait_or_cancel(client: VerifyClient, seq: int, should_stop: ShouldStop) -> bool:
+        """Wait for the next frame, in slices, sending Cancel as soon as a stop is asked (True then).
+        A long pass (a prompt's) is not waited out before the stop is sent; past the client's stall
+        timeout the caller's receive takes over (it asks the service whether it is alive)."""
+        waited = 0.0
+        while waited < client.stall_timeout_s and not client.wait_ready(STOP_POLL_S):
+            waited += STOP_POLL_S
+            if should_stop():
+                client.send_cancel(Cancel(seq=seq))
+                return True
+        return False
+
     def _start(self, client: VerifyClient, history: list[int], budget: int) -> int:
         """Send Generate (after a Sync if the service's copy or its seed may differ); returns its seq."""
         rekey = not self.params.greedy and self._keyed is not client and client.hello_seed != self.seed
@@ -262,6 +278,7 @@ class StreamSpeculator:
             return chain
         accepted = min(frame.accepted, len(tokens))
         stats.record_round(frame.drafted, accepted, len(tokens))
+        stats.last_k = frame.drafted
         if frame.drafted:
             stats.record_source(chain.sources[0] if chain.sources else "model", frame.drafted, accepted)
         right, tested = chain.advance(tokens)

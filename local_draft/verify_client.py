@@ -179,6 +179,17 @@ class VerifyClient:
             return None
         return self.receive_generated()
 
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Whether a frame arrives within timeout_s (it is then read by the next receive)."""
+        if self._early_reply is None:
+            try:
+                self._early_reply = self._ws.recv(timeout=timeout_s)
+            except TimeoutError:
+                return False
+            except (ConnectionClosed, OSError):
+                return True  # the next receive reports the loss
+        return True
+
     def send_draft(self, draft: Draft) -> None:
         """Guesses for a running stream; no reply (the stream's frames say what was kept)."""
         self._send_unanswered(draft)

@@ -100,10 +100,10 @@ def test_a_stop_asked_mid_stream_cancels_it(service_on, close_draft):
     assert result.stop_reason == "stopped" and 10 <= len(result.token_ids) < 10 + 40
 
 
-def test_ngram_guesses_with_no_model_stream_the_targets_tokens(tiny, service_on, close_draft):
+def test_ngram_guesses_with_no_model_stream_the_targets_tokens(tiny, paced_service, close_draft):
     """--draft ngram in the default mode: no model runs, the context's copies are guessed and sent,
     and the text is the stream alone's."""
-    url = service_on("llamacpp").url
+    url = paced_service.url
     prompt = close_draft.tokenize("a b c d a b c d a b c d a b c d a b")
     alone = ServerOnlyGenerator(VerifyClient(url, hello_for(close_draft)), close_draft.end_ids).generate(prompt, 40)
     client = VerifyClient(url, hello_for(close_draft))
@@ -114,9 +114,9 @@ def test_ngram_guesses_with_no_model_stream_the_targets_tokens(tiny, service_on,
     assert result.stats.ahead_drafted > 0
 
 
-def test_mixed_guesses_stream_the_targets_tokens(service_on, close_draft):
+def test_mixed_guesses_stream_the_targets_tokens(paced_service, close_draft):
     """--mix-ngram in the default mode: the model's and the copy's guesses, the stream alone's text."""
-    url = service_on("llamacpp").url
+    url = paced_service.url
     prompt = close_draft.tokenize("def f(x):\n    return x\ndef f(x):\n    return x\ndef f(")
     alone = ServerOnlyGenerator(VerifyClient(url, hello_for(close_draft)), close_draft.end_ids).generate(prompt, 40)
     client = VerifyClient(url, hello_for(close_draft))
