@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.load --emulate PROFILE [--drafter laptop-gpu-0.5b] [--rtt-ms 14]
         [--users 1,4,16,32,64] [--modes default,server] [--kinds code,chat,prose,repeat] [--max-tokens 96]
-        [--replies 2] [--time-scale F] [--json FILE]
+        [--seconds 3] [--time-scale F] [--json FILE]
     .venv/bin/python -m benchmarks.load --emulate list      # the profiles, one a line
 
 The service is the product's (remote_verify/server.py, its scheduler sharing passes between
@@ -10,19 +10,21 @@ sessions) on an emulated target: the default pair's recorded greedy decisions, e
 for the time the target profile gives a pass of its shape (benchmarks/emulation/). Each user is
 a real client in its own thread with its own connection through the latency proxy (`--rtt-ms`),
 in the mode named, with an emulated drafter (the drafter profile; the real drafter's recorded
-guesses). Each user makes `--replies` replies of `--max-tokens` tokens, prompt after prompt
-from its own place in the set, all users starting together; every reply is checked against
-the target's recorded path.
+guesses). All users start together and each makes replies of `--max-tokens` tokens, prompt
+after prompt from its own place in the set, for `--seconds` (emulated); every reply finished is
+checked against the target's recorded path.
 
-Reported per (users, mode): the aggregate tokens/s (every user's tokens over the wave's time),
-each user's tokens/s (its tokens over the time its replies took) at p50 and p99 (the slowest
-1%), the time to the first token at p50 and p99 over replies, how many users got 20 tokens/s
-or more, the target's passes per token, and the replies that differ from the target's path.
+Reported per (users, mode), over that window: the aggregate tokens/s (every user's tokens
+committed in the window), each user's tokens/s at p50 and p99 (the slowest 1%), the time to
+the first token at p50 and p99 over the replies started in it, how many users got 20 tokens/s
+or more, the target's passes per token, the device's utilization (its time in passes over the
+window: what is not is this machine's own overhead between passes), and the replies that
+differ from the target's path.
 Every figure is emulated and says so (`emulated`: the target profile's name, and the
 drafter's). `--time-scale F` runs every emulated duration (passes, drafted tokens, the round
 trip) F times slower and reports rates F times higher: on a machine too small for the number
 of users (two cores, 64 clients), so that its own overheads stay small beside the emulated
-device's times; `overhead` reports how much passes ran over their profile's time.
+device's times; the device's utilization says how far that worked (100%: passes back to back).
 """
 
 from __future__ import annotations
@@ -47,18 +49,17 @@ USERS_RATE = 20.0  # tokens/s a user should get: "users served at 20 tokens/s or
 
 @dataclass
 class UserRecord:
-    tokens: int = 0
-    reply_s: float = 0.0  # time spent in its replies
-    first_token_s: list[float] = field(default_factory=list)
+    commits: list[tuple[float, int]] = field(default_factory=list)  # (time.perf_counter, tokens) as committed
+    first_token_s: list[float] = field(default_factory=list)  # of replies started in the window
     passes: int = 0
+    tokens: int = 0  # in finished replies (for passes per token)
     drafted: int = 0
     accepted: int = 0
     differing: list[str] = field(default_factory=list)
     error: str | None = None
 
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.reply_s if self.reply_s else 0.0
+    def tokens_in(self, start: float, end: float) -> int:
+        return sum(n for t, n in self.commits if start <= t < end)
 
 
 @dataclass
@@ -75,10 +76,10 @@ class WaveRecord:
     users_at_20_tok_s: int
     passes_per_token: float
     acceptance: float
+    utilization: float  # the device's time in passes over the window
     differing: int
     errors: list[str]
     time_scale: float
-    overhead: float  # passes' time over their profile's, as a share of the wave
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -100,7 +101,9 @@ def _generator(mode: str, draft: EmulatedDraft, client, params: SamplingParams):
     if mode == "server":
         return ServerOnlyGenerator(client, draft.end_ids)
     if mode == "default":
-        return StreamSpeculator(draft, client, params)
+        # the emulated service stands for a GPU elsewhere, behind the proxy's round trip (its
+        # loopback address would otherwise count it as sharing this machine's cores)
+        return StreamSpeculator(draft, client, params, colocated=False)
     if mode == "rounds":
         return Speculator(draft, client, params, k=None, pipeline=True)
     if mode == "k0":
@@ -108,8 +111,8 @@ def _generator(mode: str, draft: EmulatedDraft, client, params: SamplingParams):
     raise ValueError(f"unknown mode {mode!r}: choose one of {', '.join(MODES)}")
 
 
-def _user(index: int, mode: str, url: str, draft: EmulatedDraft, entries: list, replies: int, max_tokens: int,
-          start: threading.Barrier, record: UserRecord) -> None:
+def _user(index: int, mode: str, url: str, draft: EmulatedDraft, entries: list, max_tokens: int,
+          start: threading.Barrier, window: list[float], record: UserRecord) -> None:
     from local_draft.verify_client import VerifyClient
 
     params = SamplingParams()
@@ -118,20 +121,25 @@ def _user(index: int, mode: str, url: str, draft: EmulatedDraft, entries: list, 
         client = VerifyClient(url, draft.hello(params, client=f"benchmarks.capacity ({mode})"), stall_timeout_s=120.0)
         generator = _generator(mode, draft, client, params)
         start.wait()
-        for reply in range(replies):
+        reply = 0
+        while time.perf_counter() < window[1]:
             entry = entries[(index + reply) % len(entries)]
-            result = generator.generate(entry.prompt, max_tokens)
+            reply += 1
+            began = time.perf_counter()
+            result = generator.generate(entry.prompt, max_tokens,
+                                        lambda tokens, _: record.commits.append((time.perf_counter(), len(tokens))))
             stats = result.stats
-            record.tokens += len(result.token_ids)
-            record.reply_s += stats.wall_s
-            record.first_token_s.append(stats.first_token_s or stats.wall_s)
+            if began < window[1]:
+                record.first_token_s.append(stats.first_token_s or stats.wall_s)
             record.passes += stats.verified_rounds
+            record.tokens += len(result.token_ids)
             record.drafted += stats.drafted
             record.accepted += stats.accepted
             expected = entry.path[:max_tokens]
             if result.token_ids != expected:
-                record.differing.append(f"user {index}, {entry.text[:30]!r}: differs at token "
-                                        f"{next((i for i, (a, b) in enumerate(zip(result.token_ids, expected)) if a != b), min(len(result.token_ids), len(expected)))}")
+                at = next((i for i, (a, b) in enumerate(zip(result.token_ids, expected)) if a != b),
+                          min(len(result.token_ids), len(expected)))
+                record.differing.append(f"user {index}, {entry.text[:30]!r}: differs at token {at}")
     except threading.BrokenBarrierError:
         record.error = f"user {index}: another user failed before the start"
     except Exception as exc:  # reported, never raised from a thread
@@ -142,11 +150,14 @@ def _user(index: int, mode: str, url: str, draft: EmulatedDraft, entries: list, 
             client.close()
 
 
-def run_wave(url: str, mode: str, users: int, drafts: list[EmulatedDraft], entries: list, replies: int,
-             max_tokens: int) -> tuple[list[UserRecord], float]:
+def run_wave(url: str, mode: str, users: int, drafts: list[EmulatedDraft], entries: list, max_tokens: int,
+             seconds: float, busy_seconds) -> tuple[list[UserRecord], tuple[float, float], float]:
+    """Every user generating for `seconds` (wall); returns their records, the window and the
+    device's busy seconds in it."""
     records = [UserRecord() for _ in range(users)]
     start = threading.Barrier(users + 1)
-    threads = [threading.Thread(target=_user, args=(i, mode, url, drafts[i], entries, replies, max_tokens, start,
+    window = [0.0, float("inf")]
+    threads = [threading.Thread(target=_user, args=(i, mode, url, drafts[i], entries, max_tokens, start, window,
                                                     records[i]), daemon=True) for i in range(users)]
     for thread in threads:
         thread.start()
@@ -154,33 +165,37 @@ def run_wave(url: str, mode: str, users: int, drafts: list[EmulatedDraft], entri
         start.wait(300)
     except threading.BrokenBarrierError:
         pass
-    began = time.perf_counter()
+    window[0] = time.perf_counter() + seconds / 5  # after every user's first prompt is read
+    window[1] = window[0] + seconds
+    time.sleep(max(0.0, window[0] - time.perf_counter()))
+    busy0 = busy_seconds()
+    time.sleep(max(0.0, window[1] - time.perf_counter()))
+    busy = busy_seconds() - busy0
     for thread in threads:
         thread.join()
-    return records, time.perf_counter() - began
+    return records, (window[0], window[1]), busy
 
 
-def summarize(records: list[UserRecord], wall_s: float, users: int, mode: str, rtt_ms: float, emulated: str,
-              time_scale: float, overrun_s: float) -> WaveRecord:
-    tokens = sum(r.tokens for r in records)
-    rates = [r.tokens_per_s * time_scale for r in records]
+def summarize(records: list[UserRecord], window: tuple[float, float], busy_s: float, users: int, mode: str,
+              rtt_ms: float, emulated: str, time_scale: float) -> WaveRecord:
+    seconds = window[1] - window[0]
+    rates = [r.tokens_in(*window) / seconds * time_scale for r in records]
     firsts = [s / time_scale for r in records for s in r.first_token_s]
     drafted = sum(r.drafted for r in records)
     return WaveRecord(
-        users=users, mode=mode, rtt_ms=rtt_ms, emulated=emulated,
-        aggregate_tok_s=tokens / wall_s * time_scale if wall_s else 0.0,
+        users=users, mode=mode, rtt_ms=rtt_ms, emulated=emulated, aggregate_tok_s=sum(rates),
         user_p50_tok_s=percentile(rates, 50), user_p99_tok_s=percentile(rates, 1),
         first_token_p50_s=percentile(firsts, 50), first_token_p99_s=percentile(firsts, 99),
         users_at_20_tok_s=sum(rate >= USERS_RATE for rate in rates),
-        passes_per_token=sum(r.passes for r in records) / max(tokens, 1),
+        passes_per_token=sum(r.passes for r in records) / max(sum(r.tokens for r in records), 1),
         acceptance=sum(r.accepted for r in records) / drafted if drafted else 0.0,
-        differing=sum(len(r.differing) for r in records),
+        utilization=busy_s / seconds, differing=sum(len(r.differing) for r in records),
         errors=[r.error for r in records if r.error] + [d for r in records for d in r.differing][:3],
-        time_scale=time_scale, overhead=overrun_s / wall_s if wall_s else 0.0)
+        time_scale=time_scale)
 
 
 def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float], user_counts: list[int],
-                 modes: list[str], kinds: list[str], max_tokens: int, replies: int, time_scale: float,
+                 modes: list[str], kinds: list[str], max_tokens: int, seconds: float, time_scale: float,
                  recording_path: Path = DEFAULT_RECORDING, vocab_path: Path | None = None,
                  on_record=None) -> list[WaveRecord]:
     """Every (round trip, users, mode) wave; `vocab_path`: the GGUF of the recording's vocabulary
@@ -206,11 +221,10 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
                 for users in user_counts:
                     drafts = [EmulatedDraft(vocab, drafter, recording, time_scale) for _ in range(users)]
                     for mode in modes:
-                        overrun_before = _overrun(url)
-                        records, wall = run_wave(proxy.url, mode, users, drafts, entries, replies, max_tokens)
+                        records, window, busy = run_wave(proxy.url, mode, users, drafts, entries, max_tokens,
+                                                         seconds * time_scale, lambda: _metric(url, BUSY))
                         label = target_profile if mode == "server" else f"{target_profile} + {drafter_profile}"
-                        record = summarize(records, wall, users, mode, rtt, label, time_scale,
-                                           _overrun(url) - overrun_before)
+                        record = summarize(records, window, busy, users, mode, rtt, label, time_scale)
                         results.append(record)
                         if on_record is not None:
                             on_record(record)
@@ -222,29 +236,30 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
     return results
 
 
-def _overrun(url: str) -> float:
-    """Seconds by which the emulated passes outlasted their profile (its /metrics), 0 if not stated."""
+BUSY = "specwire_target_busy_seconds"
+
+
+def _metric(url: str, name: str) -> float:
+    """One unlabelled sample of the service's /metrics."""
     import urllib.request
 
-    try:
-        with urllib.request.urlopen(url.replace("ws://", "http://") + "/metrics", timeout=10) as response:
-            for line in response.read().decode().splitlines():
-                if line.startswith("specwire_emulated_overrun_seconds "):
-                    return float(line.split()[1])
-    except OSError:
-        pass
-    return 0.0
+    with urllib.request.urlopen(url.replace("ws://", "http://") + "/metrics", timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise KeyError(name)
 
 
 def print_records(records: list[WaveRecord]) -> None:
     print("EMULATED device (every figure below): target and drafter profiles as named; tokens/s per user "
           "and aggregate; first token in s")
-    print("emulated | rtt ms | users | mode | aggregate tok/s | user p50 | user p99 (slowest) | first token p50 / p99 | "
-          "users >= 20 tok/s | passes/token | acceptance | differing | overhead")
+    print("| emulated | rtt ms | users | mode | aggregate tok/s | user p50 | user p99 (slowest) | first token p50 / p99 s "
+          "| users >= 20 tok/s | passes/token | acceptance | device busy | differing |")
+    print("|---" * 13 + "|")
     for r in records:
-        print(f"{r.emulated} | {r.rtt_ms:g} | {r.users} | {r.mode} | {r.aggregate_tok_s:.1f} | {r.user_p50_tok_s:.1f} | "
+        print(f"| {r.emulated} | {r.rtt_ms:g} | {r.users} | {r.mode} | {r.aggregate_tok_s:.1f} | {r.user_p50_tok_s:.1f} | "
               f"{r.user_p99_tok_s:.1f} | {r.first_token_p50_s:.3f} / {r.first_token_p99_s:.3f} | {r.users_at_20_tok_s} | "
-              f"{r.passes_per_token:.2f} | {r.acceptance:.2f} | {r.differing} | {r.overhead:.1%}")
+              f"{r.passes_per_token:.2f} | {r.acceptance:.2f} | {r.utilization:.0%} | {r.differing} |")
     by_key = {(r.rtt_ms, r.users, r.mode): r for r in records}
     for (rtt, users, mode), r in by_key.items():
         server = by_key.get((rtt, users, "server"))
@@ -266,7 +281,8 @@ def add_arguments(parser) -> None:
     group.add_argument("--rtt-ms", default="14", help="with --emulate: round trips, comma-separated (ms)")
     group.add_argument("--modes", default="default,server", help=f"with --emulate: among {', '.join(MODES)}")
     group.add_argument("--kinds", default="code,chat,prose,repeat", help="with --emulate: prompt kinds")
-    group.add_argument("--replies", type=int, default=2, help="with --emulate: replies per user")
+    group.add_argument("--seconds", type=float, default=3.0,
+                       help="with --emulate: how long (emulated seconds) each (users, mode) is measured")
     group.add_argument("--recording", type=Path, default=DEFAULT_RECORDING,
                        help="with --emulate: the recorded decisions to replay (default: the default pair's)")
     group.add_argument("--vocab", type=Path, help="with --emulate: the GGUF of the recording's vocabulary "
@@ -282,7 +298,7 @@ def main_emulated(args) -> None:
         return
     records = run_capacity(args.emulate, args.drafter, [float(r) for r in args.rtt_ms.split(",")],
                            [int(u) for u in args.users.split(",")], args.modes.split(","), args.kinds.split(","),
-                           args.max_tokens, args.replies, args.time_scale, args.recording, args.vocab,
+                           args.max_tokens, args.seconds, args.time_scale, args.recording, args.vocab,
                            on_record=lambda r: print(f"  {r.rtt_ms:g} ms {r.users} users {r.mode}: "
                                                      f"{r.aggregate_tok_s:.1f} tok/s aggregate (emulated)", flush=True))
     print_records(records)

@@ -13,13 +13,16 @@ What drafting can buy is bounded by two measured costs, with a a the acceptance 
   find about c(1 + b) / g new guesses waiting.
 `possible_gain` is the best rate those allow over the stream's own, and where it is below 1
 (a CPU target whose pass costs grow with every token, a drafter slower than a target step)
-the drafter never starts. Where it is above 1 the model has left out what only a measurement
-shows: a drafter on the service's own machine takes the cores its passes need, and a far
-service passes the positions a chain guessed before the chain arrives. So the rate itself
-decides: measured per frame while drafting and while not, it keeps the drafter working while
-drafting is the faster of the two, and rests it otherwise; a rest lasts `rest_tokens`, which
-doubles after each probe that lost (a drafter that keeps losing costs less and less) and
-falls back after one that won. The acceptance is kept current by the guesses themselves.
+the drafter never starts. Where a remote service's curve makes it large (CLEAR_GAIN: a GPU,
+where a pass of 16 tokens costs about one), drafting cannot lose: the drafter takes nothing
+from the service and a guess costs its pass next to nothing, so it drafts from the start. In
+between, the model has left out what only a measurement shows: a drafter on the service's
+own machine takes the cores its passes need, and a far service passes the positions a chain
+guessed before the chain arrives. So the rate itself decides: measured per frame while
+drafting and while not, it keeps the drafter working while drafting is the faster of the
+two, and rests it otherwise; a rest lasts `rest_tokens`, which doubles after each probe that
+lost (a drafter that keeps losing costs less and less) and falls back after one that won.
+The acceptance is kept current by the guesses themselves.
 
 How far ahead: a guess helps if it reaches the service before the stream passes its position
 and is right, so the chain runs ahead of what has been received by the tokens the stream
@@ -43,6 +46,7 @@ PROBE_TOKENS = 24  # a probe drafts for this many committed tokens before its ra
 FIRST_REST_TOKENS = 32  # rest after a losing probe; doubles with every losing probe after it
 MAX_REST_TOKENS = 2048
 MARGIN = 1.02  # drafting must be this much faster to be kept (its measurements are noisier)
+CLEAR_GAIN = 2.0  # a remote service whose costs allow this much drafts without measuring
 LIKELY = 0.15  # guesses whose chance of being reached and right is below this are not made
 MAX_SPAN = 32
 
@@ -68,6 +72,7 @@ class StreamController:
     # None: the drafter works while it pays, as measured; N: always, at most N guesses past the
     # stream's expected position (the user asked for it: `--k N`); 0: never
     max_block: int | None = None
+    colocated: bool = True  # the service computes on this machine's cores (a loopback address)
     drafting: bool = False  # the decision in force
     rest_tokens: int = 0  # tokens to rest before the next probe (0: probe as soon as drafting may pay)
 
@@ -160,6 +165,9 @@ class StreamController:
             return
         if self.possible_gain(max(self.acceptance, 0.9)) < MARGIN:
             self._switch(False)  # cannot pay even at a good acceptance: never start
+            return
+        if not self.colocated and self.possible_gain() >= CLEAR_GAIN:
+            self._switch(True)  # cannot lose: nothing to measure
             return
         drafting_rate, resting_rate = self.rate(True), self.rate(False)
         if self.drafting:

@@ -79,7 +79,7 @@ class GuessChain:
 class StreamSpeculator:
     def __init__(self, draft: DraftModel | None, link: ServiceLink | VerifyClient | None, params: SamplingParams,
                  seed: int | None = None, max_block: int | None = None, drafting: str = "model",
-                 end_ids: Iterable[int] | None = None, resume_within_s: float = 0.0):
+                 end_ids: Iterable[int] | None = None, resume_within_s: float = 0.0, colocated: bool | None = None):
         if drafting not in ("model", "ngram", "mixed"):
             raise ValueError(f"drafting must be model, ngram or mixed, got {drafting!r}")
         self.draft = draft if drafting != "ngram" else None
@@ -93,6 +93,7 @@ class StreamSpeculator:
         self.link = FixedLink(link) if isinstance(link, VerifyClient) else link  # None: offline
         self.params = params
         self.resume_within_s = resume_within_s
+        self.colocated = colocated  # the service shares this machine's cores; None: by its address (loopback)
         # The race's clocks are keyed by the session's seed: the drafter needs it to guess, so
         # there is always one, made here when the user gives none (greedy needs no clocks).
         self.seed = seed if seed is not None else fresh_seed()
@@ -173,10 +174,12 @@ class StreamSpeculator:
         stats = self.stats
         sent0, received0 = client.bytes_sent, client.bytes_received
         self.controller.curve = client.welcome.pass_costs
+        self.controller.colocated = client.on_this_machine if self.colocated is None else self.colocated
+        self.controller.new_reply()
         can_draft = "drafts" in client.welcome.capabilities and (self.draft is not None or self.ngram is not None)
         # Beside a service on this machine the drafter reads nothing during the prompt's pass: it
         # would take the cores that pass runs on (the first token would come later).
-        early = not client.on_this_machine
+        early = not self.controller.colocated
         seq = self._start(client, history, max_tokens - len(new))
         started = time.perf_counter()
         chain = self._new_chain(len(history))

@@ -139,7 +139,7 @@ def test_the_capacity_benchmark_writes_labelled_records(tiny, tiny_recording, tm
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.load", "--emulate", "a100-qwen2.5-1.5b", "--drafter", "laptop-gpu-0.5b",
          "--users", "1,2", "--rtt-ms", "14", "--modes", "default,server", "--kinds", "code,prose",
-         "--max-tokens", "24", "--replies", "1", "--recording", str(tiny_recording), "--vocab", str(tiny.draft),
+         "--max-tokens", "24", "--seconds", "1", "--recording", str(tiny_recording), "--vocab", str(tiny.draft),
          "--json", str(out)], capture_output=True, text=True, cwd=REPO, timeout=600,
         env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert done.returncode == 0, done.stderr[-2000:]
