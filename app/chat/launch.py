@@ -98,7 +98,7 @@ def settings_from(args: argparse.Namespace, store: ChatStore) -> ChatSettings:
         raise UserError(str(exc)) from exc
     return ChatSettings(
         draft=draft, drafting=how, target=target, target_problem=target_problem, pair=args.pair, backend=args.backend, server=args.server,
-        token=read_token_file(args.token_file), ca_file=args.ca_file, offline=args.offline, k=args.k,
+        token=read_token_file(args.token_file), ca_file=args.ca_file, offline=args.offline, mode=args.mode, k=args.k,
         params=params, seed=args.seed, system=args.system, max_tokens=args.max_tokens, context=args.context,
         draft_gpu_layers=args.draft_gpu_layers, draft_threads=args.draft_threads, resume=resume, chats_dir=store.root,
         marks=defaults.marks)

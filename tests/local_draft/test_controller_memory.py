@@ -73,19 +73,24 @@ def test_the_file_follows_the_cache_conventions(monkeypatch, tmp_path):
     assert memory_path() == tmp_path / "cache" / "specwire" / "adaptive-k.json"
 
 
-def test_generate_saves_and_starts_from_the_state(tiny, service_on, tmp_path):
-    """`specwire generate` writes what adaptive k learned; the next run starts from it and saves its own."""
+@pytest.mark.parametrize("mode", ["rounds", "hybrid"])
+def test_generate_saves_and_starts_from_the_state(tiny, service_on, tmp_path, mode):
+    """`specwire generate` writes what its controller learned (adaptive k in rounds; the stream's
+    drafting decision and costs by default); the next run starts from it and saves its own."""
     url = service_on("llamacpp").url
     state_file = tmp_path / "adaptive-k.json"
     env = dict(os.environ, SPECWIRE_ADAPTIVE_STATE=str(state_file), PYTHONPATH=str(Path(__file__).parents[2]))
     command = [sys.executable, "-m", "app.cli", "generate", "--draft", str(tiny.draft), "--server", url,
-               "--prompt", "def quicksort(arr):", "--max-tokens", "32", "--json"]
+               "--prompt", "def quicksort(arr):", "--max-tokens", "32", "--json", "--mode", mode]
     subprocess.run(command, env=env, check=True, capture_output=True, timeout=120)
     first = json.loads(state_file.read_text())
     assert len(first) == 1
     (key, state), = first.items()
-    assert key.startswith("ws://127.0.0.1 | draft.gguf | ")
-    assert state["draft_token_s"][1] > 0 and state["wire_s"][1] > 0  # costs were measured
+    assert key.startswith("ws://127.0.0.1 | draft.gguf | ") and key.endswith(" | hybrid") == (mode == "hybrid")
+    if mode == "rounds":
+        assert state["draft_token_s"][1] > 0 and state["wire_s"][1] > 0  # costs were measured
+    else:
+        assert state["wire_s"][1] > 0 and state["acceptance"][1] > 0  # the round trip was measured
     again = subprocess.run(command[:3] + ["-v"] + command[3:], env=env, check=True, capture_output=True, text=True,
                            timeout=120)
     assert f"adaptive k starts from the state saved for {key}" in again.stderr
