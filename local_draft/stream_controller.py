@@ -11,6 +11,10 @@ What drafting can buy is bounded by two measured costs, with a a the acceptance 
   token for c(1) without guesses;
 - the drafter's: it makes a guess in g seconds, so a pass of c(1 + b) seconds can only
   find about c(1 + b) / g new guesses waiting.
+and, on one machine, a third: the drafter takes cores the service's passes need. Each frame
+says how long its pass took; divided by what the curve gives a pass of its size, that is the
+service's slowdown, measured apart while the drafter works and while it rests, and their
+ratio (`interference`, 1 where the service runs elsewhere) prices every drafting pass.
 `possible_gain` is the best rate those allow over the stream's own, and where it is below 1
 (a CPU target whose pass costs grow with every token, a drafter slower than a target step)
 the drafter never starts. Where a remote service's curve makes it large (CLEAR_GAIN: a GPU,
@@ -82,6 +86,7 @@ class StreamController:
         self._token_s = {True: Decayed(), False: Decayed()}  # seconds per committed token, drafting or not
         self._frames = {True: 0, False: 0}
         self._wire_s = Decayed()  # the round trip, less the service's time
+        self._slowdown = {True: Decayed(), False: Decayed()}  # a pass's time over the curve's, drafting or not
         self._since_switch = 0  # tokens committed since the decision last changed
 
     # ---- what is measured -------------------------------------------------------------
@@ -101,11 +106,15 @@ class StreamController:
     def observe_wire(self, seconds: float) -> None:
         self._wire_s.add(max(0.0, seconds))
 
-    def observe_frame(self, tokens: int, interval_s: float, drafting: bool) -> None:
+    def observe_frame(self, tokens: int, interval_s: float, drafting: bool, forward_s: float = 0.0,
+                      pass_tokens: int = 0) -> None:
         """A frame of `tokens` committed tokens came `interval_s` after the previous one, while the
-        drafter was (or was not) working."""
+        drafter was (or was not) working; its pass of `pass_tokens` tokens took `forward_s`."""
         if tokens <= 0 or interval_s <= 0:
             return
+        expected = self.seconds(pass_tokens) if pass_tokens > 0 and forward_s > 0 else None
+        if expected:
+            self._slowdown[drafting].add(forward_s / expected)
         self._token_s[drafting].add(interval_s / tokens, tokens)
         self._frames[drafting] += 1
         self._since_switch += tokens
@@ -124,9 +133,15 @@ class StreamController:
         """The service's c(tokens), from its Welcome (None if it did not state it)."""
         return interpolate(sorted((p.tokens, p.ms / 1000) for p in self.curve), tokens) if self.curve else None
 
+    @property
+    def interference(self) -> float:
+        """How much slower the service's passes run while the drafter works (1: not measured, or no slower)."""
+        drafting, resting = self._slowdown[True].value, self._slowdown[False].value
+        return max(1.0, drafting / resting) if drafting and resting else 1.0
+
     def possible_gain(self, acceptance: float | None = None) -> float:
-        """The best rate drafting allows over the stream's own, from the two costs (see above);
-        infinite when neither is known, so that a first probe measures them."""
+        """The best rate drafting allows over the stream's own, from the costs (see above);
+        infinite when they are not known, so that a first probe measures them."""
         a = self.acceptance if acceptance is None else acceptance
         step = self.seconds(1)
         if step is None:
@@ -134,7 +149,7 @@ class StreamController:
         guess_s = self._guess_s.value
         best = 1.0
         for b in range(1, self.longest_block() + 1):
-            cost = self.seconds(1 + b)
+            cost = self.seconds(1 + b) * self.interference
             found = b if guess_s is None else min(b, cost / guess_s)  # guesses the drafter can have ready
             best = max(best, (sum(a ** i for i in range(int(found) + 1)) + (found % 1) * a ** (int(found) + 1))
                        * step / cost)
@@ -163,10 +178,11 @@ class StreamController:
         if self.max_block is not None:
             self._switch(self.max_block > 0)  # the user's setting, not a measurement
             return
-        if self.possible_gain(max(self.acceptance, 0.9)) < MARGIN:
-            self._switch(False)  # cannot pay even at a good acceptance: never start
-            return
-        if not self.colocated and self.possible_gain() >= CLEAR_GAIN:
+        hopeless = self.possible_gain(max(self.acceptance, 0.9)) < MARGIN
+        if hopeless and not self.drafting and self._since_switch < MAX_REST_TOKENS:
+            return  # cannot pay even at a good acceptance: rest (after the longest rest, one probe all
+            # the same, in case what was measured has changed)
+        if not hopeless and not self.colocated and self.possible_gain() >= CLEAR_GAIN:
             self._switch(True)  # cannot lose: nothing to measure
             return
         drafting_rate, resting_rate = self.rate(True), self.rate(False)
@@ -181,7 +197,7 @@ class StreamController:
                 self._switch(False)
             else:
                 self.rest_tokens = 0  # it pays: the next rest (if the text changes) is short
-        elif self._since_switch >= self.rest_tokens and resting_rate is not None:
+        elif resting_rate is not None and self._since_switch >= min(self.rest_tokens, MAX_REST_TOKENS):
             self._switch(True)  # rested long enough, and the rate to beat is measured: probe
 
     def _switch(self, drafting: bool) -> None:
@@ -197,12 +213,16 @@ class StreamController:
         return {"acceptance": [self._acceptance.total, self._acceptance.weight],
                 "guess_s": [self._guess_s.total, self._guess_s.weight],
                 "wire_s": [self._wire_s.total, self._wire_s.weight],
+                "slowdown_drafting": [self._slowdown[True].total, self._slowdown[True].weight],
+                "slowdown_resting": [self._slowdown[False].total, self._slowdown[False].weight],
                 "rest_tokens": self.rest_tokens, "drafting": self.drafting, "since_switch": self._since_switch}
 
     def restore(self, state: dict) -> None:
         """Start from a `state()` of an earlier run; ValueError (nothing changed) if it is malformed."""
         try:
-            pairs = [[float(x) for x in state[name]] for name in ("acceptance", "guess_s", "wire_s")]
+            state = {"slowdown_drafting": [0.0, 0.0], "slowdown_resting": [0.0, 0.0], **state}
+            pairs = [[float(x) for x in state[name]] for name in ("acceptance", "guess_s", "wire_s",
+                                                                   "slowdown_drafting", "slowdown_resting")]
             rest_tokens = int(state["rest_tokens"])
             since_switch = int(state.get("since_switch", 0))
             drafting = bool(state["drafting"])
@@ -210,7 +230,8 @@ class StreamController:
             raise ValueError(f"not a stream controller state: {exc}") from None
         if any(len(pair) != 2 or not all(math.isfinite(x) and x >= 0 for x in pair) for pair in pairs):
             raise ValueError("not a stream controller state: wrong shapes or values")
-        for decayed, (total, weight) in zip((self._acceptance, self._guess_s, self._wire_s), pairs):
+        for decayed, (total, weight) in zip((self._acceptance, self._guess_s, self._wire_s, self._slowdown[True],
+                                             self._slowdown[False]), pairs):
             decayed.total, decayed.weight = total, weight
         if self._acceptance.value is None:
             self._acceptance = Decayed(PRIOR_ACCEPTANCE * PRIOR_WEIGHT, PRIOR_WEIGHT)

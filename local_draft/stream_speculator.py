@@ -214,7 +214,8 @@ class StreamSpeculator:
                     if frames == 0:
                         self.controller.observe_wire(now - started - frame.forward_s - frame.queue_s)
                     elif frame.tokens:
-                        self.controller.observe_frame(len(frame.tokens), now - last_frame_at, drafting)
+                        self.controller.observe_frame(len(frame.tokens), now - last_frame_at, drafting,
+                                                      frame.forward_s, frame.pass_tokens)
                     frames += 1
                     last_frame_at = now
                     chain = self._commit(frame, history, new, chain, on_commit)

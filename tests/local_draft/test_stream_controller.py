@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from local_draft.stream_controller import FIRST_REST_TOKENS, MIN_FRAMES, PROBE_TOKENS, StreamController
+from local_draft.stream_controller import (
+    FIRST_REST_TOKENS, MAX_REST_TOKENS, MIN_FRAMES, PROBE_TOKENS, StreamController,
+)
 from wire.protocol import PassCost
 
 GPU = [PassCost(tokens=n, ms=5.5 + 0.025 * (n - 1)) for n in (1, 2, 4, 8, 16, 32)]  # a pass costs about a step
@@ -91,3 +93,25 @@ def test_a_state_round_trips_and_a_damaged_one_is_refused():
     assert fresh.state() == StreamController().state()
     fresh.restore({**controller.state(), "rest_tokens": 10 ** 400})  # an absurd rest is cut to the longest
     assert fresh.rest_tokens == 2048
+
+
+CPU_BLOCKS = [PassCost(tokens=n, ms=60.0 + 35.0 * (n - 1)) for n in (1, 2, 4, 8, 16, 32)]  # blocks cheaper per token
+
+
+def test_a_drafter_that_slows_the_service_on_its_machine_stops_being_worth_a_probe():
+    """Blocks cheaper per token than steps make a probe look worth it, until the frames show the
+    service's passes 1.6x slower while the drafter works: then drafting cannot pay, and it rests."""
+    controller = StreamController(curve=CPU_BLOCKS)
+    assert controller.possible_gain(0.9) > 1.1 and controller.interference == 1.0
+    for _ in range(MIN_FRAMES):
+        controller.observe_frame(1, 0.060, False, forward_s=0.060, pass_tokens=1)
+    assert controller.drafting  # a probe
+    for _ in range(PROBE_TOKENS):
+        controller.observe_frame(1, 0.095, True, forward_s=0.096, pass_tokens=1)
+    assert not controller.drafting and controller.interference == pytest.approx(1.6)
+    assert controller.possible_gain(0.95) < 1.02
+    for _ in range(MAX_REST_TOKENS - 1):  # no rest short of the longest is long enough now
+        controller.observe_frame(1, 0.060, False, forward_s=0.060, pass_tokens=1)
+        assert not controller.drafting
+    controller.observe_frame(1, 0.060, False, forward_s=0.060, pass_tokens=1)
+    assert controller.drafting  # then one probe, in case the machine has changed
