@@ -238,7 +238,7 @@ class DeviceQueue:
         started = time.perf_counter()
         members: list[tuple[_Item, Planned]] = []
         item = planned = error = results = result = value = None
-        so_far = PassSoFar()
+        so_far = PassSoFar(budget=self.batch_tokens or float("inf"))
         for item in items:
             planned, error = _attempt(item.work.plan, so_far)
             if error is not None:  # refused before the pass: the others go on

@@ -172,8 +172,8 @@ class Session:
 
         `room`: tokens the stream may still make (the block leaves one for the target's own);
         `costs`: the device's cost curve, which prices the guesses (none: every guess is taken)."""
-        def tokens() -> int:  # what the pass would feed, for the queue's token budget
-            return len(self.committed) - self.cached_len + (len(self._guesses(drafts, stop_ids, room)[0]))
+        def tokens() -> int:  # what the pass must feed, for the queue's token budget: guesses fill what is left
+            return len(self.committed) - self.cached_len
 
         return Shareable(self.backend, partial(self._plan_stream_pass, drafts, stop_ids, room, costs), tokens)
 
@@ -196,6 +196,7 @@ class Session:
         position = len(self.committed)  # of the first guess, and of the target's token if there is none
         unrun = self.committed[self.cached_len:]
         guesses, source = self._guesses(drafts, stop_ids, room)
+        guesses = guesses[:max(0, int(min(len(guesses), so_far.budget - so_far.tokens - len(unrun))))]
         take = len(guesses)
         if guesses and costs is not None:
             take = best_block(len(guesses), drafts.acceptance, costs.seconds, len(unrun), so_far)

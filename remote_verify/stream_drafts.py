@@ -54,6 +54,7 @@ class PassSoFar:
     tokens: int = 0
     expected: float = 0.0
     sessions: int = 0
+    budget: float = float("inf")  # tokens the whole pass may feed (the queue's batch_tokens)
 
     def add(self, share, expected: float) -> None:
         """A member planned: its share of the pass (a backends.Pass) and the tokens it expects to commit."""

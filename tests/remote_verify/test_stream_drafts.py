@@ -95,3 +95,22 @@ def test_pass_costs_interpolate_between_sizes_and_follow_their_last_slope():
     assert abs(costs.seconds(2) - 0.012) < 1e-9 and abs(costs.seconds(16) - 0.040) < 1e-9
     assert costs.seconds(1) == costs.seconds(0) == 0.010
     assert [p.tokens for p in costs.curve()][:3] == [1, 2, 4]
+
+
+def test_guesses_fill_what_the_pass_budget_leaves(llamacpp_target):
+    """A stream's next pass must feed its last token; its guesses take only what the pass's token
+    budget leaves (the queue fits streams by their last token, never leaving one out for guesses)."""
+    from remote_verify.session import Session, SessionLimits
+    from wire.protocol import Generate, SamplingParams
+
+    session = Session(llamacpp_target, SamplingParams(), seed=1, limits=SessionLimits())
+    session.start_generation(Generate(seq=1, committed_len=0, append=[1, 2, 3]))
+    session.generate_step()
+    drafts = StreamDrafts(seq=1)
+    drafts.receive(Draft(seq=1, chain=1, start=len(session.committed), tokens=[5, 6, 7, 8, 9, 10, 11, 12]))
+    work = session.stream_work(drafts, room=100)
+    assert work.tokens() == 1  # the mandatory token alone
+    planned = work.plan(PassSoFar(tokens=252, budget=256))
+    assert len(planned.share.tokens) == 4  # 1 + 3 guesses
+    planned.undo()
+    session.close()
