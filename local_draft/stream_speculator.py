@@ -54,6 +54,7 @@ INTERRUPTED = ("going_away", "lost")  # the stream ended before its end: continu
 MIN_SEND_INTERVAL_S = 0.002  # guesses made faster than this go out together (a service counts frames)
 STOP_POLL_S = 0.05  # waiting for a frame, a stop asked by the user is seen within this
 NGRAM_MIN_MATCH = 2  # shorter matches (a common token) guess badly: not sent in "mixed"
+SOURCE_MEMORY = 0.9  # "mixed": the weight of the past in each drafter's record of right guesses
 
 
 @dataclass
@@ -77,6 +78,8 @@ class GuessChain:
 
 
 class StreamSpeculator:
+    """The default mode's loop: one Generate a reply (more after a lost service), guesses as it runs."""
+
     def __init__(self, draft: DraftModel | None, link: ServiceLink | VerifyClient | None, params: SamplingParams,
                  seed: int | None = None, max_block: int | None = None, drafting: str = "model",
                  end_ids: Iterable[int] | None = None, resume_within_s: float = 0.0, colocated: bool | None = None):
@@ -362,8 +365,8 @@ class StreamSpeculator:
         for i in range(tested):
             counts = self._mixed_right.get(chain.sources[i])
             if counts is not None:
-                counts[0] = counts[0] * 0.9 + (1.0 if i < right else 0.0)
-                counts[1] = counts[1] * 0.9 + 1.0
+                counts[0] = counts[0] * SOURCE_MEMORY + (1.0 if i < right else 0.0)
+                counts[1] = counts[1] * SOURCE_MEMORY + 1.0
 
     # ---- without a service --------------------------------------------------------------
 
