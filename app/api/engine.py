@@ -1,0 +1,304 @@
+"""The endpoint's engine: tokenizer, drafters and service, and the generation of one request.
+
+Its work blocks (loading models, starting the service, generating), so the HTTP side runs
+`run` on a thread of the request's own. Each request gets its own session with the
+service (a ServiceLink opened for it, with its sampling settings in the Hello, closed when
+it ends) and borrows a drafter (app/api/drafters.py); what it generates is reported as
+events: Delta (text safe to send), then Finished or Failed.
+
+The prompt is made as `specwire chat` makes it: messages rendered with the chat template of
+the draft GGUF, tokenized with the drafter's vocabulary; a text prompt is tokenized as
+`specwire generate` tokenizes one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from app.api.drafters import DrafterPool
+from app.api.errors import ApiError, bad_request, service_error
+from app.api.generator import HowToGenerate, build_generator
+from app.api.reply_text import ReplyText
+from app.api.request_body import CompletionRequest
+from app.api.settings import ApiSettings
+from app.chat.reply import PromptTokens
+from app.chat.service_connection import ServiceConnection
+from app.chat.state import Connection, StartupProblem
+from app.tokenizer_source import open_tokenizer
+from app.user_error import UserError
+from local_draft.chat_template import ChatTemplateError, template_for
+from local_draft.controller_memory import ControllerMemory
+from local_draft.draft_model import DraftModel, DraftModelError
+from local_draft.service_link import LinkState, ServiceLink
+from local_draft.verify_client import ServiceUnreachable, VerifyError
+from wire.protocol import SamplingParams
+
+log = logging.getLogger(__name__)
+
+FINISH_REASONS = {"eos": "stop", "max_tokens": "length", "context": "length", "stopped": "stop"}
+
+
+@dataclass(frozen=True)
+class Job:
+    """A checked request made ready: its prompt's tokens and how many it may add."""
+
+    request: CompletionRequest
+    prompt: list[int]
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    text: str  # the whole reply, as sent
+    finish_reason: str  # "stop" (an end token or a stop string) or "length"
+    prompt_tokens: int
+    completion_tokens: int
+    provenance: dict = field(default_factory=dict)  # the response's `specwire` object
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: ApiError
+
+
+Emit = Callable[[Delta | Finished | Failed], None]
+
+
+class _Progress:
+    """The service connection's listener: startup steps to the caller, the rest to the log."""
+
+    def __init__(self, progress: Callable[[str], None]):
+        self._progress = progress
+
+    def progress(self, text: str, from_service: bool = False) -> None:
+        if from_service:
+            log.info("service: %s", text)
+        else:
+            self._progress(text)
+
+    def reading(self, turn, prompt_tokens, unread_tokens) -> None:
+        pass
+
+    def committed(self, turn, provenance, pieces, stats) -> None:
+        pass
+
+    def connection_changed(self, connection: Connection) -> None:
+        log.info("service: %s", connection.detail)
+
+    def note(self, turn, text: str) -> None:
+        log.warning("%s", text)
+
+
+class ApiEngine:
+    def __init__(self, settings: ApiSettings, progress: Callable[[str], None] = log.info):
+        self.settings = settings
+        self.models = settings.models
+        self._listener = _Progress(progress)
+        self.connection = ServiceConnection(self.models, lambda: self._listener,
+                                            lambda text: self._listener.note(None, text))
+        self.tokenizer: DraftModel | None = None
+        self.template = None
+        self.pool = DrafterPool([])
+        self.url: str | None = None  # the service's, once found; None: offline
+        self.target_name = ""
+        self.max_context: int | None = None
+        self.end_ids: frozenset[int] = frozenset()
+
+    # ---- starting -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Load the tokenizer and the drafters, and find the service (started here if embedded).
+        Raises UserError when it cannot serve at all."""
+        models = self.models
+        if models.embedded and not models.offline:
+            try:
+                self.connection.launch_embedded()  # the child loads its target while the drafters load
+            except StartupProblem as exc:
+                raise UserError(f"{exc} (or run with --offline: the drafter alone, unverified)") from exc
+        no_model = models.drafting == "ngram"
+        self._listener.progress(f"loading the {'tokenizer of' if no_model else 'draft model'} {models.draft.name}")
+        try:
+            self.tokenizer = open_tokenizer(models.draft, n_ctx=models.context)
+            drafters = [] if no_model else [
+                DraftModel(models.draft, n_ctx=models.context, gpu_layers=models.draft_gpu_layers,
+                           n_threads=models.draft_threads) for _ in range(self.settings.drafters)]
+        except DraftModelError as exc:
+            raise UserError(str(exc)) from exc
+        self.pool = DrafterPool(drafters)
+        tokenizer = self.tokenizer
+        bos = tokenizer.token_text(tokenizer.bos_id).decode("utf-8", "replace")
+        eos = tokenizer.token_text(tokenizer.eos_id).decode("utf-8", "replace")
+        self.template = template_for(tokenizer.chat_template, bos, eos)
+        if self.template.is_fallback:
+            log.warning("%s carries no usable chat template: using ChatML", models.draft.name)
+        self.end_ids = tokenizer.end_ids
+        if not models.offline:
+            self._find_service()
+
+    def _find_service(self) -> None:
+        """Connect once: a refused token or vocabulary is an error now, not in every request."""
+        try:
+            link = self.connection.open(self.tokenizer.hello(SamplingParams(), client="specwire api"))
+        except StartupProblem as exc:
+            if exc.kind == "unreachable" and not self.models.embedded and self.pool.size:
+                log.warning("%s: serving offline (unverified) until it can be reached", exc)
+                self.url = self.models.server  # each request tries it again
+                return
+            offline = " (or run with --offline: the drafter alone, unverified)" if self.pool.size else ""
+            raise UserError(f"{exc}{offline}") from exc
+        self.url, self.max_context = self.connection.url, link.welcome.max_context
+        self.target_name = link.welcome.target
+        self.connection.close_link()  # each request opens a session of its own
+
+    @property
+    def context_limit(self) -> int:
+        limit = self.models.context
+        return min(limit, self.max_context) if self.max_context else limit
+
+    @property
+    def draft_name(self) -> str:
+        return "ngram" if self.models.drafting == "ngram" else self.models.draft.name
+
+    # ---- requests -------------------------------------------------------------------
+
+    def prepare(self, request: CompletionRequest) -> Job:
+        """The request's prompt as tokens, and its token budget; ApiError (400) when it cannot fit."""
+        if request.kind == "chat":
+            try:
+                text = self.template.render(list(request.messages))
+            except ChatTemplateError as exc:
+                raise bad_request(str(exc), "messages") from exc
+            prompt = PromptTokens(self.tokenizer, self.template).of(text)  # the chat's rule for BOS
+        elif isinstance(request.prompt, str):
+            prompt = self.tokenizer.tokenize(request.prompt)  # as `specwire generate` does
+        else:
+            prompt = list(request.prompt)
+            vocab = self.tokenizer.vocab_size
+            if not all(0 <= token < vocab for token in prompt):
+                raise bad_request(f"`prompt` holds token ids outside the vocabulary (0 to {vocab - 1})", "prompt")
+        limit = self.context_limit
+        if len(prompt) >= limit:
+            raise bad_request(f"This model's context is {limit:,} tokens, and the prompt alone takes "
+                              f"{len(prompt):,}: shorten it (the reply needs room too).",
+                              "messages" if request.kind == "chat" else "prompt", "context_length_exceeded")
+        room = limit - len(prompt)
+        return Job(request, prompt, min(request.max_tokens or room, room))
+
+    def run(self, job: Job, emit: Emit, should_stop: Callable[[], bool]) -> None:
+        """Generate one request on this thread, reporting its events; ends early when `should_stop`."""
+        request = job.request
+        how = HowToGenerate(request.params, request.seed, self.models.k, self.models.drafting, self.end_ids)
+        notes: list[str] = []
+        drafter = self.pool.try_take()
+        link = None
+        try:
+            link = self._open_link(request, notes)
+            if link is None and drafter is None:  # offline needs a model: wait for one to be free
+                drafter = self.pool.take(should_stop)
+                if drafter is None:
+                    if not should_stop():
+                        emit(Failed(ApiError(503, "the verification service is unreachable, and with no draft "
+                                                  "model (--draft ngram) there is nothing to generate with offline",
+                                             code="service_unavailable", kind="server_error")))
+                    return
+            mode = "offline" if link is None else ("hybrid" if drafter is not None else "ngram")
+            generator = build_generator(mode, drafter, link, how)
+            memory = self._adaptive_memory(link, drafter)
+            if memory is not None:
+                memory.load_into(generator.controller)
+            text = ReplyText(self.tokenizer.token_bytes, self.end_ids, request.stops)
+
+            def on_commit(tokens: list[int], provenance: list[str]) -> None:
+                piece = text.add(tokens, provenance)
+                if piece:
+                    emit(Delta(piece))
+
+            try:
+                result = generator.generate(job.prompt, job.max_tokens, on_commit, lambda: text.ended or should_stop())
+            except ServiceUnreachable as exc:  # only with no model: a model goes on offline
+                emit(Failed(ApiError(503, f"{exc}: the reply stops here", code="service_unavailable",
+                                     kind="server_error")))
+                return
+            except VerifyError as exc:
+                emit(Failed(service_error(f"the verification service refused a round: {exc}")))
+                return
+            if should_stop() and not text.ended:
+                return  # the client is gone: nobody to tell
+            tail = text.finish()
+            if tail:
+                emit(Delta(tail))
+            self.pool.give_back(drafter)  # before the client hears the end: its next request finds it free
+            drafter = None
+            if memory is not None:
+                memory.save(generator.controller)
+            reason = "stop" if text.stopped_at_string else FINISH_REASONS[result.stop_reason]
+            emit(Finished(text.sent, reason, len(job.prompt), len(text.token_ids),
+                          self._provenance(mode, result.stats, text, notes, request)))
+        except ApiError as exc:
+            emit(Failed(exc))
+        except Exception as exc:  # a bug must not hang the client: it hears a 500 in OpenAI's shape
+            log.exception("a request failed")
+            emit(Failed(ApiError(500, f"the request failed: {exc!r} (details in the log)", code="internal_error",
+                                 kind="server_error")))
+        finally:
+            self.pool.give_back(drafter)
+            if link is not None:
+                link.close()
+
+    def _open_link(self, request: CompletionRequest, notes: list[str]) -> ServiceLink | None:
+        """This request's own session with the service; None when there is no service to verify."""
+        if self.url is None:
+            return None
+
+        def on_state(state: LinkState) -> None:
+            if state.retry_in_s is None:  # a change, not a countdown
+                notes.append(state.detail)
+                log.warning("a request's service link: %s", state.detail)
+
+        hello = self.tokenizer.hello(request.params, seed=request.seed, client="specwire api")
+        try:
+            return ServiceLink(self.url, hello, token=self.models.token, ca_file=self.models.ca_file,
+                               on_state=on_state)
+        except ServiceUnreachable as exc:
+            if not self.pool.size:
+                raise service_error(f"{exc}; with no draft model (--draft ngram) there is no offline mode") from exc
+            notes.append(f"the verification service is unreachable ({exc}): generated offline, unverified")
+            log.warning("%s", notes[-1])
+            return None
+        except VerifyError as exc:
+            raise service_error(f"the verification service refused the session: {exc}") from exc
+
+    def _adaptive_memory(self, link: ServiceLink | None, drafter: DraftModel | None) -> ControllerMemory | None:
+        """Adaptive k starts from the state saved for this service and drafter, as chat and generate do."""
+        if link is None or self.models.k is not None:
+            return None
+        return ControllerMemory(self.url, drafter.path.name if drafter is not None else "ngram", link.welcome.target)
+
+    def _provenance(self, mode: str, stats, text: ReplyText, notes: list[str], request: CompletionRequest) -> dict:
+        unverified = text.count("offline")
+        return {
+            "mode": mode,  # hybrid, ngram (every drafter was busy) or offline
+            "verified": unverified == 0,
+            "unverified_tokens": unverified,  # made by the drafter alone while no service verified them
+            "drafted": stats.drafted, "accepted": stats.accepted, "target_passes": stats.verified_rounds,
+            "rounds": stats.rounds,
+            "provenance": text.provenance,  # [["draft" | "target" | "offline", count], ...] over token_ids
+            "token_ids": text.token_ids,
+            "first_token_s": None if stats.first_token_s is None else round(stats.first_token_s, 4),
+            "tokens_per_s": round(stats.tokens_per_s, 2),
+            "notes": notes,
+            "ignored": list(request.ignored),
+        }
+
+    # ---- stopping -------------------------------------------------------------------
+
+    def close(self) -> None:
+        self.connection.close()
