@@ -22,7 +22,8 @@ from app.api.drafters import DrafterPool
 from app.api.errors import ApiError, bad_request, service_error
 from app.api.generator import HowToGenerate, build_generator
 from app.api.reply_text import ReplyText
-from app.api.request_body import CompletionRequest
+from app.api.request_body import DEFAULT_TEMPERATURE, CompletionRequest
+from app.api.sessions import WarmSessions
 from app.api.settings import ApiSettings
 from app.chat.reply import PromptTokens
 from app.chat.service_connection import ServiceConnection
@@ -32,7 +33,7 @@ from app.user_error import UserError
 from local_draft.chat_template import ChatTemplateError, template_for
 from local_draft.controller_memory import ControllerMemory
 from local_draft.draft_model import DraftModel, DraftModelError
-from local_draft.service_link import LinkState, ServiceLink
+from local_draft.service_link import LinkState, OnState, ServiceLink
 from local_draft.verify_client import ServiceUnreachable, VerifyError
 from wire.protocol import SamplingParams
 
@@ -111,6 +112,7 @@ class ApiEngine:
         self.target_name = ""
         self.max_context: int | None = None
         self.end_ids: frozenset[int] = frozenset()
+        self.sessions = WarmSessions(self._new_link)
 
     # ---- starting -------------------------------------------------------------------
 
@@ -142,6 +144,8 @@ class ApiEngine:
         self.end_ids = tokenizer.end_ids
         if not models.offline:
             self._find_service()
+        if self.url is not None:
+            self.sessions.prepare_for(SamplingParams(temperature=DEFAULT_TEMPERATURE))  # what a bare request asks
 
     def _find_service(self) -> None:
         """Connect once: a refused token or vocabulary is an error now, not in every request."""
@@ -263,10 +267,8 @@ class ApiEngine:
                 notes.append(state.detail)
                 log.warning("a request's service link: %s", state.detail)
 
-        hello = self.tokenizer.hello(request.params, seed=request.seed, client="specwire api")
         try:
-            return ServiceLink(self.url, hello, token=self.models.token, ca_file=self.models.ca_file,
-                               on_state=on_state)
+            link, warm = self.sessions.take(request.params, request.seed, on_state)
         except ServiceUnreachable as exc:
             if not self.pool.size:
                 raise service_error(f"{exc}; with no draft model (--draft ngram) there is no offline mode") from exc
@@ -275,6 +277,12 @@ class ApiEngine:
             return None
         except VerifyError as exc:
             raise service_error(f"the verification service refused the session: {exc}") from exc
+        notes.append("session opened ahead" if warm else "session opened for the request")
+        return link
+
+    def _new_link(self, params: SamplingParams, seed: int | None, on_state: OnState | None) -> ServiceLink:
+        hello = self.tokenizer.hello(params, seed=seed, client="specwire api")
+        return ServiceLink(self.url, hello, token=self.models.token, ca_file=self.models.ca_file, on_state=on_state)
 
     def _adaptive_memory(self, link: ServiceLink | None, drafter: DraftModel | None) -> ControllerMemory | None:
         """Adaptive k starts from the state saved for this service and drafter, as chat and generate do."""
@@ -301,4 +309,5 @@ class ApiEngine:
     # ---- stopping -------------------------------------------------------------------
 
     def close(self) -> None:
+        self.sessions.close()
         self.connection.close()

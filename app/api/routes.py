@@ -87,8 +87,10 @@ class Routes:
         unknown = [name for name in parsed.ignored if name not in IGNORED]
         if unknown:
             log.info("ignoring fields this endpoint does not know: %s", ", ".join(unknown))
-        job = await asyncio.to_thread(self.engine.prepare, parsed)  # tokenizing a long prompt takes a while
-        run = ReplyRun(self.engine, job).start()
+        run = ReplyRun(self.engine, parsed).start()
+        refused = await run.accepted()
+        if refused is not None:  # the prompt does not fit: said with its status, before any stream begins
+            return error_response(refused.error)
         shape = ResponseShape(kind, parsed.model)
         if parsed.stream:
             return StreamingResponse(self._stream(run, shape, parsed), media_type="text/event-stream",

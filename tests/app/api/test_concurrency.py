@@ -9,6 +9,7 @@ import openai
 
 from tests.app.api.conftest import service_metric
 
+SPARE = 1  # the session the endpoint keeps open for the next request (app/api/sessions.py)
 PROMPTS = ["def quicksort(arr):", "Write a haiku about rain.", "SELECT name FROM users WHERE", "class Stack:"]
 
 
@@ -70,7 +71,8 @@ def test_a_request_that_finds_the_drafter_lent_drafts_by_ngram_and_stays_exact(e
 
 
 def test_a_client_that_hangs_up_mid_stream_stops_its_generation_and_its_service_session(endpoint, tiny_service):
-    """Closing a 3000-token stream after a few chunks: the service's session closes and its rounds stop."""
+    """Closing a 3000-token stream after a few chunks: its service session closes (the spare stays) and the
+    service's rounds stop."""
     rounds_before = service_metric(tiny_service, "specwire_rounds_total")
     stream = client(endpoint).chat.completions.create(model="specwire", messages=messages(PROMPTS[2]),
                                                       max_tokens=3000, temperature=0, stream=True)
@@ -78,7 +80,7 @@ def test_a_client_that_hangs_up_mid_stream_stops_its_generation_and_its_service_
     for _ in range(4):
         next(chunks)
     stream.close()
-    assert wait_until(lambda: service_metric(tiny_service, "specwire_sessions_open") == 0), \
+    assert wait_until(lambda: service_metric(tiny_service, "specwire_sessions_open") <= SPARE), \
         "the request's session with the service stayed open"
     rounds_after = service_metric(tiny_service, "specwire_rounds_total")
     time.sleep(1.0)
@@ -95,7 +97,7 @@ def test_a_client_that_times_out_on_a_whole_response_stops_its_generation(endpoi
         raise AssertionError("3000 tokens came back within half a second")
     except openai.APITimeoutError:
         pass
-    assert wait_until(lambda: service_metric(tiny_service, "specwire_sessions_open") == 0)
+    assert wait_until(lambda: service_metric(tiny_service, "specwire_sessions_open") <= SPARE)
     rounds_after = service_metric(tiny_service, "specwire_rounds_total")
     time.sleep(1.0)
     assert service_metric(tiny_service, "specwire_rounds_total") == rounds_after

@@ -165,6 +165,22 @@ def test_the_seed_keys_the_services_draws(tiny, tiny_service):
         k0.stop()
 
 
+def test_a_request_takes_the_session_opened_ahead_for_its_settings(endpoint):
+    """After a greedy request the next greedy one starts on a session opened ahead (no handshake to wait
+    for); a seeded one, or one with other settings, opens its own."""
+    api = client(endpoint)
+
+    def session(**settings) -> str:
+        answer = api.chat.completions.create(model="specwire", messages=QUICKSORT, max_tokens=4, **settings)
+        return answer.model_extra["specwire"]["notes"][0]
+
+    session(temperature=0)
+    assert session(temperature=0) == "session opened ahead"
+    assert session(temperature=0, seed=5) == "session opened for the request"
+    assert session(temperature=0.7) == "session opened for the request"
+    assert session(temperature=0.7) == "session opened ahead"
+
+
 # ---- plain HTTP -----------------------------------------------------------------------
 
 def test_plain_http_events_end_with_done_and_bad_bodies_get_clear_400s(endpoint):
