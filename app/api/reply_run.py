@@ -10,6 +10,7 @@ closes (a client that went away cancels the work it asked for).
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from dataclasses import dataclass
 from typing import AsyncIterator
@@ -17,6 +18,8 @@ from typing import AsyncIterator
 from app.api.engine import ApiEngine, Delta, Failed, Finished
 from app.api.errors import ApiError
 from app.api.request_body import CompletionRequest
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -57,13 +60,17 @@ class ReplyRun:
     def _work(self) -> None:
         try:
             job = self._engine.prepare(self._request)
+            self._emit(Accepted())
+            self._engine.run(job, self._emit, self._stop.is_set)
         except ApiError as exc:
             self._emit(Failed(exc))
-            return
-        self._emit(Accepted())
-        self._engine.run(job, self._emit, self._stop.is_set)
-        if not self._ended:  # stopped before its end: whoever still waits must not wait forever
-            self._emit(Failed(ApiError(499, "the request was cancelled", code="cancelled")))
+        except Exception as exc:  # a bug must not leave the client waiting: it hears a 500
+            log.exception("a request failed")
+            self._emit(Failed(ApiError(500, f"the request failed: {exc!r} (details in the log)",
+                                       code="internal_error", kind="server_error")))
+        finally:
+            if not self._ended:  # stopped before its end: whoever still waits must not wait forever
+                self._emit(Failed(ApiError(499, "the request was cancelled", code="cancelled")))
 
     def _emit(self, event: Accepted | Delta | Finished | Failed) -> None:
         self._ended = self._ended or isinstance(event, (Finished, Failed))
