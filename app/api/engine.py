@@ -244,6 +244,9 @@ class ApiEngine:
             if memory is not None:
                 memory.save(generator.controller)
             reason = "stop" if text.stopped_at_string else FINISH_REASONS[result.stop_reason]
+            if text.count("offline"):
+                log.warning("a reply of %d tokens holds %d unverified ones (made offline), marked as such",
+                            len(text.token_ids), text.count("offline"))
             emit(Finished(text.sent, reason, len(job.prompt), len(text.token_ids),
                           self._provenance(mode, result.stats, text, notes, request)))
         except ApiError as exc:
