@@ -1,10 +1,10 @@
-"""The endpoint's engine: tokenizer, drafters and service, and the generation of one request.
+"""The endpoint's engine: tokenizer, drafters and service, shared by every request.
 
-Its work blocks (loading models, starting the service, generating), so the HTTP side runs
-`run` on a thread of the request's own. Each request gets its own session with the
-service (a ServiceLink opened for it, with its sampling settings in the Hello, closed when
-it ends) and borrows a drafter (app/api/drafters.py); what it generates is reported as
-events: Delta (text safe to send), then Finished or Failed.
+Its work blocks (loading models, starting the service, generating), so the HTTP side calls
+`prepare` and `run` on a thread of the request's own. Each request gets its own session
+with the service (a ServiceLink with its sampling settings in the Hello, opened ahead where
+it can be: app/api/sessions.py, closed when it ends) and borrows a drafter
+(app/api/drafters.py); app/api/generation.py generates it and reports its events.
 
 The prompt is made as `specwire chat` makes it: messages rendered with the chat template of
 the draft GGUF, tokenized with the drafter's vocabulary; a text prompt is tokenized as
@@ -14,14 +14,12 @@ the draft GGUF, tokenized with the drafter's vocabulary; a text prompt is tokeni
 from __future__ import annotations
 
 import logging
-import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 from app.api.drafters import DrafterPool
-from app.api.errors import ApiError, bad_request, service_error
-from app.api.generator import HowToGenerate, build_generator
-from app.api.reply_text import ReplyText
+from app.api.errors import bad_request, service_error
+from app.api.events import Emit, Job
+from app.api.generation import RequestGeneration
 from app.api.request_body import DEFAULT_TEMPERATURE, CompletionRequest
 from app.api.sessions import WarmSessions
 from app.api.settings import ApiSettings
@@ -38,39 +36,6 @@ from local_draft.verify_client import ServiceUnreachable, VerifyError
 from wire.protocol import SamplingParams
 
 log = logging.getLogger(__name__)
-
-FINISH_REASONS = {"eos": "stop", "max_tokens": "length", "context": "length", "stopped": "stop"}
-
-
-@dataclass(frozen=True)
-class Job:
-    """A checked request made ready: its prompt's tokens and how many it may add."""
-
-    request: CompletionRequest
-    prompt: list[int]
-    max_tokens: int
-
-
-@dataclass(frozen=True)
-class Delta:
-    text: str
-
-
-@dataclass(frozen=True)
-class Finished:
-    text: str  # the whole reply, as sent
-    finish_reason: str  # "stop" (an end token or a stop string) or "length"
-    prompt_tokens: int
-    completion_tokens: int
-    provenance: dict = field(default_factory=dict)  # the response's `specwire` object
-
-
-@dataclass(frozen=True)
-class Failed:
-    error: ApiError
-
-
-Emit = Callable[[Delta | Finished | Failed], None]
 
 
 class _Progress:
@@ -198,69 +163,9 @@ class ApiEngine:
 
     def run(self, job: Job, emit: Emit, should_stop: Callable[[], bool]) -> None:
         """Generate one request on this thread, reporting its events; ends early when `should_stop`."""
-        request = job.request
-        how = HowToGenerate(request.params, request.seed, self.models.k, self.models.drafting, self.end_ids)
-        notes: list[str] = []
-        drafter = self.pool.try_take()
-        link = None
-        try:
-            link = self._open_link(request, notes)
-            if link is None and drafter is None:  # offline needs a model: wait for one to be free
-                drafter = self.pool.take(should_stop)
-                if drafter is None:
-                    if not should_stop():
-                        emit(Failed(ApiError(503, "the verification service is unreachable, and with no draft "
-                                                  "model (--draft ngram) there is nothing to generate with offline",
-                                             code="service_unavailable", kind="server_error")))
-                    return
-            mode = "offline" if link is None else ("hybrid" if drafter is not None else "ngram")
-            generator = build_generator(mode, drafter, link, how)
-            memory = self._adaptive_memory(link, drafter)
-            if memory is not None:
-                memory.load_into(generator.controller)
-            text = ReplyText(self.tokenizer.token_bytes, self.end_ids, request.stops)
+        RequestGeneration(self, job, emit, should_stop).run()
 
-            def on_commit(tokens: list[int], provenance: list[str]) -> None:
-                piece = text.add(tokens, provenance)
-                if piece:
-                    emit(Delta(piece))
-
-            try:
-                result = generator.generate(job.prompt, job.max_tokens, on_commit, lambda: text.ended or should_stop())
-            except ServiceUnreachable as exc:  # only with no model: a model goes on offline
-                emit(Failed(ApiError(503, f"{exc}: the reply stops here", code="service_unavailable",
-                                     kind="server_error")))
-                return
-            except VerifyError as exc:
-                emit(Failed(service_error(f"the verification service refused a round: {exc}")))
-                return
-            if should_stop() and not text.ended:
-                return  # the client is gone: nobody to tell
-            tail = text.finish()
-            if tail:
-                emit(Delta(tail))
-            self.pool.give_back(drafter)  # before the client hears the end: its next request finds it free
-            drafter = None
-            if memory is not None:
-                memory.save(generator.controller)
-            reason = "stop" if text.stopped_at_string else FINISH_REASONS[result.stop_reason]
-            if text.count("offline"):
-                log.warning("a reply of %d tokens holds %d unverified ones (made offline), marked as such",
-                            len(text.token_ids), text.count("offline"))
-            emit(Finished(text.sent, reason, len(job.prompt), len(text.token_ids),
-                          self._provenance(mode, result.stats, text, notes, request)))
-        except ApiError as exc:
-            emit(Failed(exc))
-        except Exception as exc:  # a bug must not hang the client: it hears a 500 in OpenAI's shape
-            log.exception("a request failed")
-            emit(Failed(ApiError(500, f"the request failed: {exc!r} (details in the log)", code="internal_error",
-                                 kind="server_error")))
-        finally:
-            self.pool.give_back(drafter)
-            if link is not None:
-                link.close()
-
-    def _open_link(self, request: CompletionRequest, notes: list[str]) -> ServiceLink | None:
+    def open_link(self, request: CompletionRequest, notes: list[str]) -> ServiceLink | None:
         """This request's own session with the service; None when there is no service to verify."""
         if self.url is None:
             return None
@@ -287,27 +192,11 @@ class ApiEngine:
         hello = self.tokenizer.hello(params, seed=seed, client="specwire api")
         return ServiceLink(self.url, hello, token=self.models.token, ca_file=self.models.ca_file, on_state=on_state)
 
-    def _adaptive_memory(self, link: ServiceLink | None, drafter: DraftModel | None) -> ControllerMemory | None:
+    def adaptive_memory(self, link: ServiceLink | None, drafter: DraftModel | None) -> ControllerMemory | None:
         """Adaptive k starts from the state saved for this service and drafter, as chat and generate do."""
         if link is None or self.models.k is not None:
             return None
         return ControllerMemory(self.url, drafter.path.name if drafter is not None else "ngram", link.welcome.target)
-
-    def _provenance(self, mode: str, stats, text: ReplyText, notes: list[str], request: CompletionRequest) -> dict:
-        unverified = text.count("offline")
-        return {
-            "mode": mode,  # hybrid, ngram (every drafter was busy) or offline
-            "verified": unverified == 0,
-            "unverified_tokens": unverified,  # made by the drafter alone while no service verified them
-            "drafted": stats.drafted, "accepted": stats.accepted, "target_passes": stats.verified_rounds,
-            "rounds": stats.rounds,
-            "provenance": text.provenance,  # [["draft" | "target" | "offline", count], ...] over token_ids
-            "token_ids": text.token_ids,
-            "first_token_s": None if stats.first_token_s is None else round(stats.first_token_s, 4),
-            "tokens_per_s": round(stats.tokens_per_s, 2),
-            "notes": notes,
-            "ignored": list(request.ignored),
-        }
 
     # ---- stopping -------------------------------------------------------------------
 

@@ -4,7 +4,8 @@ The modes, as `specwire chat` generates:
 - "hybrid": the drafter drafts, the service verifies (adaptive k, drafting the next block
   while a verdict is in flight), and a service lost mid-reply is continued offline;
 - "ngram": every drafter is busy with other requests, so the n-gram copy of the context
-  drafts (no model, no cost here) and the service verifies; a lost service is waited for;
+  drafts (no model, no cost here) and the service verifies; a lost service is waited for a
+  few seconds (then the request goes on with a drafter: app/api/generation.py);
 - "offline": no service, the drafter alone; every token is marked unverified.
 """
 
@@ -19,7 +20,9 @@ from local_draft.service_link import ServiceLink
 from local_draft.speculator import Speculator
 from wire.protocol import SamplingParams
 
-NO_MODEL_RESUME_S = 30.0  # with no draft model (n-gram), how long a request waits for a lost service
+# With no draft model (n-gram), how long a request waits for a lost service to come back, before it
+# waits for a drafter to go on offline (app/api/generation.py); the chat, which has no such way on, waits 30 s.
+NO_MODEL_RESUME_S = 5.0
 MODES = ("hybrid", "ngram", "offline")
 
 

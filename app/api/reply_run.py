@@ -12,19 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from dataclasses import dataclass
 from typing import AsyncIterator
 
-from app.api.engine import ApiEngine, Delta, Failed, Finished
+from app.api.engine import ApiEngine
+from app.api.events import Accepted, Delta, Failed, Finished
 from app.api.errors import ApiError
 from app.api.request_body import CompletionRequest
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Accepted:
-    """The prompt fits: generation starts."""
 
 
 class ReplyRun:

@@ -13,7 +13,7 @@ import json
 import time
 import uuid
 
-from app.api.engine import Finished
+from app.api.events import Finished
 
 
 def usage(finished: Finished) -> dict:

@@ -27,7 +27,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from app.api.engine import ApiEngine, Delta, Failed, Finished
+from app.api.engine import ApiEngine
+from app.api.events import Delta, Failed, Finished
 from app.api.errors import ApiError, bad_request, model_not_found
 from app.api.reply_run import ReplyRun
 from app.api.request_body import IGNORED, CompletionRequest, parse_request
