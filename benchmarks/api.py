@@ -49,7 +49,8 @@ class Run:
     first_token_s: float
     tokens_per_s: float
     token_ids: list[int]
-    generation: tuple[float, float] = (0.0, 0.0)  # the endpoint's: its generation's own (first token s, tokens/s)
+    # the endpoint's own figures: (setup s: prompt, drafter, session; its generation's first token s, tokens/s)
+    generation: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
 
 def models(which: str) -> tuple[Path, Path]:
@@ -119,7 +120,8 @@ def with_endpoint(api_url: str, question: str, max_tokens: int) -> Run:
             provenance = chunk.model_extra["specwire"]
     wall = time.perf_counter() - sent
     token_ids = provenance["token_ids"]
-    return Run(first, len(token_ids) / wall, token_ids, (provenance["first_token_s"], provenance["tokens_per_s"]))
+    return Run(first, len(token_ids) / wall, token_ids,
+               (provenance["setup_s"], provenance["first_token_s"], provenance["tokens_per_s"]))
 
 
 def side_by_side(draft: Path, url: str, api_url: str, repeat: int, max_tokens: int) -> None:
@@ -127,7 +129,7 @@ def side_by_side(draft: Path, url: str, api_url: str, repeat: int, max_tokens: i
     around its own generation (measured within each request, so the machine's noise cancels out)."""
     tps_ratios, ttft_added, own_ratios, own_added = [], [], [], []
     print("| question | run | generate tok/s | endpoint tok/s | ratio | generate TTFT | endpoint TTFT | added "
-          "| endpoint's generation: TTFT, tok/s |")
+          "| endpoint's setup; its generation's TTFT, tok/s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for index, question in enumerate(QUESTIONS[:3]):
         prompt = chat_text(draft, question)
@@ -143,13 +145,13 @@ def side_by_side(draft: Path, url: str, api_url: str, repeat: int, max_tokens: i
                 raise SystemExit(f"question {index}: the endpoint's reply differs from generate's")
             tps_ratios.append(served.tokens_per_s / generated.tokens_per_s)
             ttft_added.append(served.first_token_s - generated.first_token_s)
-            own_first, own_tps = served.generation
+            setup, own_first, own_tps = served.generation
             own_ratios.append(served.tokens_per_s / own_tps)
             own_added.append(served.first_token_s - own_first)
             print(f"| {index} | {run} | {generated.tokens_per_s:.2f} | {served.tokens_per_s:.2f} | "
                   f"{tps_ratios[-1]:.3f} | {generated.first_token_s * 1000:.0f} ms | "
                   f"{served.first_token_s * 1000:.0f} ms | {ttft_added[-1] * 1000:+.0f} ms | "
-                  f"{own_first * 1000:.0f} ms, {own_tps:.2f} |", flush=True)
+                  f"{setup * 1000:.0f} ms; {own_first * 1000:.0f} ms, {own_tps:.2f} |", flush=True)
     median = statistics.median
     print(f"\nmedian over {len(tps_ratios)} pairs: endpoint tokens/s {median(tps_ratios):.3f}x generate's "
           f"(target >= 0.95); time to first token {median(ttft_added) * 1000:+.0f} ms (target <= +50 ms); "

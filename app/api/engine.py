@@ -138,7 +138,7 @@ class ApiEngine:
 
     # ---- requests -------------------------------------------------------------------
 
-    def prepare(self, request: CompletionRequest) -> Job:
+    def prepare(self, request: CompletionRequest, received_at: float = 0.0) -> Job:
         """The request's prompt as tokens, and its token budget; ApiError (400) when it cannot fit."""
         if request.kind == "chat":
             try:
@@ -159,7 +159,7 @@ class ApiEngine:
                               f"{len(prompt):,}: shorten it (the reply needs room too).",
                               "messages" if request.kind == "chat" else "prompt", "context_length_exceeded")
         room = limit - len(prompt)
-        return Job(request, prompt, min(request.max_tokens or room, room))
+        return Job(request, prompt, min(request.max_tokens or room, room), received_at)
 
     def run(self, job: Job, emit: Emit, should_stop: Callable[[], bool]) -> None:
         """Generate one request on this thread, reporting its events; ends early when `should_stop`."""

@@ -16,6 +16,7 @@ class Job:
     request: CompletionRequest
     prompt: list[int]
     max_tokens: int
+    received_at: float = 0.0  # time.perf_counter() when its body had been read
 
 
 @dataclass(frozen=True)

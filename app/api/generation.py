@@ -14,6 +14,7 @@ it loses nothing. Only with no draft model at all (--draft ngram) does it end wi
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Callable
 
 from app.api.errors import ApiError, service_error
@@ -50,6 +51,7 @@ class RequestGeneration:
         self.stats: list[GenerationStats] = []  # one per generator (two after an n-gram request's fallback)
         self.drafter = None
         self.link = None
+        self.setup_s: float | None = None  # from the request's arrival to its generation's start
 
     def run(self) -> None:
         """Generate and report; every outcome is an event (none when the client went away)."""
@@ -99,6 +101,8 @@ class RequestGeneration:
             if memory is not None:
                 memory.load_into(generator.controller)
             done = self.text.token_ids
+            if self.setup_s is None:
+                self.setup_s = time.perf_counter() - self.job.received_at
             try:
                 result = generator.generate(self.job.prompt + done, self.job.max_tokens - len(done),
                                             self._on_commit, lambda: self.text.ended or self.should_stop())
@@ -143,7 +147,8 @@ class RequestGeneration:
             "target_passes": sum(s.verified_rounds for s in stats), "rounds": sum(s.rounds for s in stats),
             "provenance": text.provenance,  # [["draft" | "target" | "offline", count], ...] over token_ids
             "token_ids": text.token_ids,
-            "first_token_s": round(firsts[0], 4) if firsts else None,
+            "setup_s": None if self.setup_s is None else round(self.setup_s, 4),  # prompt, drafter, session
+            "first_token_s": round(firsts[0], 4) if firsts else None,  # then from the generation's start
             "tokens_per_s": round(sum(s.generated for s in stats) / wall, 2) if wall > 0 else 0.0,
             "notes": self.notes,
             "ignored": list(self.job.request.ignored),

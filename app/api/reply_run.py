@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from typing import AsyncIterator
 
 from app.api.engine import ApiEngine
@@ -30,6 +31,7 @@ class ReplyRun:
         self._events: asyncio.Queue = asyncio.Queue()
         self._stop = threading.Event()
         self._ended = False  # the last event (Finished or Failed) was emitted
+        self._received_at = time.perf_counter()
         self.thread = threading.Thread(target=self._work, name="specwire-api-request", daemon=True)
 
     def start(self) -> ReplyRun:
@@ -54,7 +56,7 @@ class ReplyRun:
 
     def _work(self) -> None:
         try:
-            job = self._engine.prepare(self._request)
+            job = self._engine.prepare(self._request, self._received_at)
             self._emit(Accepted())
             self._engine.run(job, self._emit, self._stop.is_set)
         except ApiError as exc:
