@@ -16,6 +16,12 @@ meet the same machine, for each question (a chat message, greedy):
 Each pair of replies must be token-identical. Prints every run and the median ratios
 (the Targets: tokens/s at least 0.95x, time to first token at most +50 ms).
 
+With --drafter-costs: what the rule for sharing drafters rests on, timed on the drafter alone:
+how long it takes to read a request's prompt (what handing one drafter to another request
+round by round would cost at every switch), and milliseconds per drafted token with one, two
+and four drafters drafting at once in one process (what a pool of drafters costs on this
+machine's cores).
+
 With --concurrent N: N streaming clients at once, for each --drafters count (a fresh
 `specwire api` each), and the same N requests one after another (what a queue for one
 drafter would give): wall time until all finish, aggregate tokens/s, mean time to first
@@ -219,6 +225,44 @@ def stream_one(api_url: str, question: str, max_tokens: int, started: float) -> 
     return first, provenance["token_ids"], mode
 
 
+def drafter_costs(draft: Path, blocks: int = 5, block: int = 8) -> None:
+    """Prompt reading (a switch of requests) and drafting speed with 1, 2 and 4 drafters at once."""
+    from local_draft.draft_model import DraftModel
+    from wire.protocol import SamplingParams
+    from wire.randomness import draft_generator
+
+    drafters = [DraftModel(draft) for _ in range(4)]
+    prompts = [drafters[0].tokenize(chat_text(draft, question)) for question in QUESTIONS]
+    reads = []
+    for prompt in prompts:
+        drafters[0].rollback(0)
+        started = time.perf_counter()
+        drafters[0].keep_up(prompt)
+        reads.append((time.perf_counter() - started, len(prompt)))
+    print(f"\nreading a prompt (a switch of requests): {statistics.median(r[0] for r in reads) * 1000:.0f} ms for "
+          f"{statistics.median(r[1] for r in reads):.0f} tokens (median of {len(reads)})")
+    for count in (1, 2, 4):
+        per_token: list[float] = []
+
+        def draft_blocks(model: DraftModel, prompt: list[int]) -> None:
+            model.keep_up(prompt)
+            context = list(prompt)
+            for _ in range(blocks):
+                started = time.perf_counter()
+                tokens, _ = model.propose(context, block, SamplingParams(), draft_generator(0))
+                per_token.append((time.perf_counter() - started) / block)
+                context += tokens
+
+        threads = [threading.Thread(target=draft_blocks, args=(drafters[i], prompts[i])) for i in range(count)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        print(f"{count} drafter{'s' if count > 1 else ''} drafting at once: "
+              f"{statistics.median(per_token) * 1000:.1f} ms a drafted token each "
+              f"(median of {len(per_token)} blocks of {block})", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", choices=["default", "tiny"], default="default")
@@ -226,7 +270,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--concurrent", type=int, default=0, help="also N streaming clients at once")
     parser.add_argument("--drafters", default="1,2", help="with --concurrent: the drafter counts to compare")
-    parser.add_argument("--skip-side-by-side", action="store_true", help="with --concurrent: only that")
+    parser.add_argument("--skip-side-by-side", action="store_true", help="only --concurrent and --drafter-costs")
+    parser.add_argument("--drafter-costs", action="store_true", help="also time prompt reading and drafters at once")
     args = parser.parse_args()
     from app.threads_flags import colocated_serve_flags
     from wire.threads import DRAFT_THREADS
@@ -234,6 +279,8 @@ def main() -> None:
     # adaptive k's saved state in a file of this run's, shared by generate and the endpoint
     os.environ["SPECWIRE_ADAPTIVE_STATE"] = str(Path(tempfile.mkdtemp(prefix="specwire-bench-api-")) / "k.json")
     draft, target = models(args.models)
+    if args.drafter_costs:
+        drafter_costs(draft)
     service, url = start([sys.executable, "-m", "app.cli", "serve", "--target", str(target), "--port", "0",
                           "--exit-with-parent", *colocated_serve_flags(DRAFT_THREADS)], "listening on ws://")
     try:

@@ -176,7 +176,7 @@ class ApiEngine:
                 log.warning("a request's service link: %s", state.detail)
 
         try:
-            link, warm = self.sessions.take(request.params, request.seed, on_state)
+            link, how = self.sessions.take(request.params, request.seed, on_state)
         except ServiceUnreachable as exc:
             if not self.pool.size:
                 raise service_error(f"{exc}; with no draft model (--draft ngram) there is no offline mode") from exc
@@ -185,7 +185,7 @@ class ApiEngine:
             return None
         except VerifyError as exc:
             raise service_error(f"the verification service refused the session: {exc}") from exc
-        notes.append("session opened ahead" if warm else "session opened for the request")
+        notes.append(how)
         return link
 
     def _new_link(self, params: SamplingParams, seed: int | None, on_state: OnState | None) -> ServiceLink:

@@ -34,21 +34,24 @@ class WarmSessions:
         self._opening: SamplingParams | None = None  # a spare being opened for these settings
         self._closed = False
 
-    def take(self, params: SamplingParams, seed: int | None, on_state: OnState) -> tuple[ServiceLink, bool]:
-        """A session for one request, and whether it was opened ahead: the spare if it fits, else one
-        opened now (raises as ServiceLink does)."""
+    def take(self, params: SamplingParams, seed: int | None, on_state: OnState) -> tuple[ServiceLink, str]:
+        """A session for one request, and how it was had: the spare if it fits ("session opened ahead"),
+        else one opened now ("session opened for the request"); raises as ServiceLink does."""
         with self._lock:
             spare, self._spare = self._spare, None
-        # a spare whose service went away meanwhile is replaced by current(), or found gone (None)
-        if spare is not None and spare[0] == params and seed is None and spare[1].current() is not None:
+        if spare is not None and spare[0] == params and seed is None:
             link = spare[1]
-            link.on_state = on_state  # what happens to it from now on is this request's to tell
-            self.prepare_for(params)
-            return link, True
+            connections = link.connections
+            if link.current() is not None:  # a spare the service closed meanwhile is reopened here
+                link.on_state = on_state  # what happens to it from now on is this request's to tell
+                self.prepare_for(params)
+                if link.connections > connections:
+                    return link, "session opened ahead, found closed and opened again"
+                return link, "session opened ahead"
         if spare is not None:
             spare[1].close()
         self.prepare_for(params)
-        return self._open(params, seed, on_state), False
+        return self._open(params, seed, on_state), "session opened for the request"
 
     def prepare_for(self, params: SamplingParams) -> None:
         """Open the next spare for `params` in the background (one at a time)."""
