@@ -15,17 +15,20 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
+from app.api.drafters import DrafterPool
 from app.api.errors import ApiError, service_error
 from app.api.events import Delta, Emit, Failed, Finished, Job
 from app.api.generator import HowToGenerate, build_generator
 from app.api.reply_text import ReplyText
+from app.api.request_body import CompletionRequest
+from app.chat.settings import ChatSettings
+from local_draft.controller_memory import ControllerMemory
+from local_draft.draft_model import DraftModel
 from local_draft.generation_stats import GenerationStats
+from local_draft.service_link import ServiceLink
 from local_draft.verify_client import ServiceUnreachable, VerifyError
-
-if TYPE_CHECKING:
-    from app.api.engine import ApiEngine
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +40,21 @@ def no_model_error(what: str) -> ApiError:
                          "offline", code="service_unavailable", kind="server_error")
 
 
+class Engine(Protocol):
+    """What a request's generation uses of the endpoint's engine (app/api/engine.py)."""
+
+    models: ChatSettings
+    tokenizer: DraftModel
+    end_ids: frozenset[int]
+    pool: DrafterPool
+
+    def open_link(self, request: CompletionRequest, notes: list[str]) -> ServiceLink | None: ...
+
+    def adaptive_memory(self, link: ServiceLink | None, drafter: DraftModel | None) -> ControllerMemory | None: ...
+
+
 class RequestGeneration:
-    def __init__(self, engine: ApiEngine, job: Job, emit: Emit, should_stop: Callable[[], bool]):
+    def __init__(self, engine: Engine, job: Job, emit: Emit, should_stop: Callable[[], bool]):
         self.engine = engine
         self.job = job
         self.emit = emit
