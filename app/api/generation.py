@@ -113,9 +113,11 @@ class RequestGeneration:
         mode = "offline" if self.link is None else ("hybrid" if self.drafter is not None else "ngram")
         while True:
             generator = build_generator(mode, self.drafter, self.link, self.how)
-            memory = self.engine.adaptive_memory(self.link, self.drafter)
+            # adaptive k starts from the state saved for this service and drafter (a generator with one)
+            controller = getattr(generator, "controller", None)
+            memory = self.engine.adaptive_memory(self.link, self.drafter) if controller is not None else None
             if memory is not None:
-                memory.load_into(generator.controller)
+                memory.load_into(controller)
             done = self.text.token_ids
             if self.setup_s is None:
                 self.setup_s = time.perf_counter() - self.job.received_at
@@ -133,7 +135,7 @@ class RequestGeneration:
                 continue
             self.stats.append(result.stats)
             if memory is not None:
-                memory.save(generator.controller)
+                memory.save(controller)
             if self.should_stop() and not self.text.ended:
                 return mode, None
             return mode, result.stop_reason
