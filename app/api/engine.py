@@ -196,7 +196,8 @@ class ApiEngine:
         """Adaptive k starts from the state saved for this service and drafter, as chat and generate do."""
         if link is None or self.models.k is not None:
             return None
-        return ControllerMemory(self.url, drafter.path.name if drafter is not None else "ngram", link.welcome.target)
+        return ControllerMemory(self.url, drafter.path.name if drafter is not None else "ngram", link.welcome.target,
+                                mode="hybrid")
 
     # ---- stopping -------------------------------------------------------------------
 

@@ -1,11 +1,12 @@
 """How a request generates: the one function that chooses, so the default can change in one place.
 
 The modes, as `specwire chat` generates:
-- "hybrid": the drafter drafts, the service verifies (adaptive k, drafting the next block
-  while a verdict is in flight), and a service lost mid-reply is continued offline;
+- "hybrid": the default mode (local_draft/stream_speculator.py): the service streams, the
+  drafter guesses ahead while that pays and the service keeps the right guesses; a service
+  lost mid-reply is continued offline;
 - "ngram": every drafter is busy with other requests, so the n-gram copy of the context
-  drafts (no model, no cost here) and the service verifies; a lost service is waited for a
-  few seconds (then the request goes on with a drafter: app/api/generation.py);
+  guesses (no model, no cost here) and the service keeps the right guesses; a lost service is
+  waited for a few seconds (then the request goes on with a drafter: app/api/generation.py);
 - "offline": no service, the drafter alone; every token is marked unverified.
 """
 
@@ -17,7 +18,7 @@ from typing import Callable, Protocol, Sequence
 from local_draft.draft_model import DraftModel
 from local_draft.generation_stats import Generation, GenerationStats
 from local_draft.service_link import ServiceLink
-from local_draft.speculator import Speculator
+from local_draft.stream_speculator import StreamSpeculator
 from wire.protocol import SamplingParams
 
 # With no draft model (n-gram), how long a request waits for a lost service to come back, before it
@@ -32,7 +33,7 @@ class HowToGenerate:
 
     params: SamplingParams
     seed: int | None  # None: a fresh one
-    k: int | None  # draft tokens a round; None: adaptive
+    k: int | None  # guesses kept ahead of the stream; None: while drafting pays; 0: none
     drafting: str  # with a drafter: "model", or "mixed" (n-gram drafts where they pay)
     end_ids: frozenset[int]
 
@@ -50,8 +51,7 @@ def build_generator(mode: str, drafter: DraftModel | None, link: ServiceLink | N
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if mode == "ngram":
-        return Speculator(None, link, how.params, k=how.k, seed=how.seed, pipeline=True, drafting="ngram",
-                          end_ids=how.end_ids, resume_within_s=NO_MODEL_RESUME_S)
-    return Speculator(drafter, link if mode == "hybrid" else None, how.params, k=how.k, seed=how.seed,
-                      pipeline=True,  # drafts the next block while a verdict is in flight
-                      drafting=how.drafting, end_ids=how.end_ids)
+        return StreamSpeculator(None, link, how.params, seed=how.seed, max_block=how.k, drafting="ngram",
+                                end_ids=how.end_ids, resume_within_s=NO_MODEL_RESUME_S)
+    return StreamSpeculator(drafter, link if mode == "hybrid" else None, how.params, seed=how.seed,
+                            max_block=how.k, drafting=how.drafting, end_ids=how.end_ids)

@@ -1,8 +1,12 @@
 """Fixtures for the endpoint's tests: a tiny service and `specwire api` in child processes, and references.
 
-Everything is real: `specwire serve` on the tiny GGUF target (llama.cpp), `specwire api`
+Everything is real: the verification service on the tiny GGUF target (llama.cpp), `specwire api`
 on the tiny drafter, started as a user starts them, on port 0; references come from
 `specwire generate --mode server` (the target alone, streaming) with the same prompt text.
+The service's passes are held to PASS_MS, as a GPU's would take about that for one token or a
+few (`benchmarks.emulation.serve`, the same service with each pass paced): the tiny target
+alone makes a token faster than any drafter guesses one, and the default mode keeps guesses
+only where the drafter keeps ahead of the stream.
 """
 
 from __future__ import annotations
@@ -17,12 +21,17 @@ from pathlib import Path
 import pytest
 
 SPECWIRE = str(Path(sys.executable).parent / "specwire")
+REPO = Path(__file__).resolve().parents[3]
+PASS_MS = 4.0
+PROFILE = f'name = "tests-gpu"\nkind = "target"\npass_ms = [[1, {PASS_MS}], [64, {PASS_MS * 1.1}]]\n'
 
 
 def start_service(target: Path, port: int = 0) -> tuple[subprocess.Popen, str]:
-    """`specwire serve` on the tiny GGUF target, port 0; the process and its ws:// URL."""
-    process = subprocess.Popen([SPECWIRE, "serve", "--target", str(target), "--backend", "llamacpp",
-                                "--port", str(port), "--threads", "1"],
+    """The service on the tiny GGUF target, each pass paced to PASS_MS, port 0; the process and its ws:// URL."""
+    profile = target.parent / "tests-gpu.toml"
+    profile.write_text(PROFILE)
+    process = subprocess.Popen([sys.executable, "-m", "benchmarks.emulation.serve", "--profile", str(profile),
+                                "--target", str(target), "--port", str(port)], cwd=REPO,
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = process.stdout.readline()
     assert line.startswith("listening on ws://127.0.0.1:"), line
