@@ -238,7 +238,11 @@ class DeviceQueue:
         started = time.perf_counter()
         members: list[tuple[_Item, Planned]] = []
         item = planned = error = results = result = value = None
-        so_far = PassSoFar(budget=self.batch_tokens or float("inf"))
+        budget = self.batch_tokens or float("inf")
+        # what the members must feed (their last tokens) comes first; the rest of the budget is
+        # shared out evenly, so that the members planned first cannot take every guess's place
+        mandatory = sum(self._size(item.work) for item in items)
+        so_far = PassSoFar(budget=budget, share=max(0.0, (budget - mandatory) / len(items)))
         for item in items:
             planned, error = _attempt(item.work.plan, so_far)
             if error is not None:  # refused before the pass: the others go on

@@ -196,7 +196,8 @@ class Session:
         position = len(self.committed)  # of the first guess, and of the target's token if there is none
         unrun = self.committed[self.cached_len:]
         guesses, source = self._guesses(drafts, stop_ids, room)
-        guesses = guesses[:max(0, int(min(len(guesses), so_far.budget - so_far.tokens - len(unrun))))]
+        room_left = min(len(guesses), so_far.budget - so_far.tokens - len(unrun), so_far.share + 0.999)
+        guesses = guesses[:max(0, int(room_left))]
         take = len(guesses)
         if guesses and costs is not None:
             take = best_block(len(guesses), drafts.acceptance, costs.seconds, len(unrun), so_far)

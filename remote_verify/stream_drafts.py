@@ -55,6 +55,7 @@ class PassSoFar:
     expected: float = 0.0
     sessions: int = 0
     budget: float = float("inf")  # tokens the whole pass may feed (the queue's batch_tokens)
+    share: float = float("inf")  # optional tokens (guesses) each member may add: its even share of the rest
 
     def add(self, share, expected: float) -> None:
         """A member planned: its share of the pass (a backends.Pass) and the tokens it expects to commit."""
