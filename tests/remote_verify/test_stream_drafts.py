@@ -113,7 +113,10 @@ def test_guesses_fill_what_the_pass_budget_leaves(llamacpp_target):
     planned = work.plan(PassSoFar(tokens=252, budget=256))
     assert len(planned.share.tokens) == 4  # 1 + 3 guesses
     planned.undo()
-    planned = work.plan(PassSoFar(tokens=0, budget=256, share=2.5))  # 64 members: each its even share
+    planned = work.plan(PassSoFar(tokens=0, budget=256, share=2.0))  # many members: each its even share
     assert len(planned.share.tokens) == 1 + 2
+    planned.undo()
+    planned = work.plan(PassSoFar(tokens=0, budget=256, share=2.5))  # a fraction of a place rounds up
+    assert len(planned.share.tokens) == 1 + 3
     planned.undo()
     session.close()
