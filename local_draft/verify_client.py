@@ -18,6 +18,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidHandsh
 from websockets.protocol import State
 from websockets.sync.client import ClientConnection, connect
 
+from local_draft.service_trust import frame_token_ids, said_by_service, token_id_problem, with_words_escaped
 from wire.protocol import (
     SUBPROTOCOL,
     Cancel,
@@ -49,17 +50,23 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1"}  # a service at these addresses run
 
 
 class VerifyError(RuntimeError):
-    """The service refused a request; `code` says why, `fatal` whether the session is over."""
+    """The service refused a request; `code` says why, `fatal` whether the session is over.
+
+    Its words may be the service's: they are escaped (service_trust.py) before anyone reads them."""
 
     def __init__(self, code: str, message: str, fatal: bool = False, retry_after_s: float = 0.0):
-        super().__init__(message)
-        self.code = code
+        super().__init__(said_by_service(message))
+        self.code = said_by_service(code)
         self.fatal = fatal
         self.retry_after_s = retry_after_s  # > 0: the request was not run and may be sent again
 
 
 class ServiceUnreachable(RuntimeError):
-    """The service could not be reached, or the connection dropped."""
+    """The service could not be reached, or the connection dropped (the message may quote the
+    service's close reason: escaped, as everything it says)."""
+
+    def __init__(self, message: str):
+        super().__init__(said_by_service(message))
 
 
 class ServiceBusy(ServiceUnreachable):
@@ -99,6 +106,7 @@ class VerifyClient:
                  open_timeout_s: float = 10.0, stall_timeout_s: float = 10.0,
                  max_frame_bytes: int = 4 * 1024 * 1024):
         self.url = url
+        self.vocab_size = hello.vocab_size  # every id the service sends must be one of ours
         self.stall_timeout_s = stall_timeout_s
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -265,4 +273,26 @@ class VerifyClient:
             raise VerifyError(reply.code, reply.message, reply.fatal, reply.retry_after_s)
         if not isinstance(reply, expected):
             raise VerifyError("unexpected_reply", f"expected {expected.__name__}, got {type(reply).__name__}", True)
-        return reply
+        self.check_token_ids(frame_token_ids(reply), type(reply).__name__)
+        if isinstance(reply, Verdict):
+            self._check_accepted(reply)
+        return with_words_escaped(reply)
+
+    def check_token_ids(self, ids, frame: str) -> None:
+        """Refuse a frame whose ids are not all in this client's vocabulary (before llama.cpp sees one):
+        a fatal VerifyError naming the service. Every frame type with ids comes through here."""
+        problem = token_id_problem(ids, self.vocab_size)
+        if problem:
+            log.warning("the service at %s sent a %s with a bad id: %s", self.url, frame, said_by_service(problem))
+            raise VerifyError("bad_token_from_service",
+                              f"the verification service at {self.url} sent a {frame} with {problem}: it is "
+                              "not a service this client can use (its target's vocabulary differs, or it is "
+                              "broken); the conversation so far is kept", fatal=True)
+
+    def _check_accepted(self, verdict: Verdict) -> None:
+        request = self._in_flight[0]
+        drafted = len(request.draft) if isinstance(request, Verify) else 0
+        if not 0 <= verdict.accepted <= drafted:
+            raise VerifyError("bad_verdict_from_service",
+                              f"the verification service at {self.url} accepted {verdict.accepted} of "
+                              f"{drafted} draft tokens: it is broken; the conversation so far is kept", fatal=True)
