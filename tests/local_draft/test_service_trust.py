@@ -164,3 +164,49 @@ def test_the_checks_themselves():
     assert token_id_problem([-1], 10).startswith("token id -1")
     assert said_by_service("ok") == "ok" and said_by_service("a\x1b[2Jb") == "a\\x1b[2Jb"
     assert len(said_by_service("x" * 10_000)) == 2000
+
+
+def test_generate_shows_a_model_escape_sequence_on_a_terminal_and_keeps_it_with_raw(tiny, close_draft):
+    """Model output to a terminal (a pty here) has its control characters shown as symbols: the
+    reply's OSC 52 arrives as text. --raw, and any pipe, keep the bytes as the model wrote them."""
+    import os
+    import pty
+
+    ids = close_draft.tokenize(OSC52, add_bos=False)
+
+    def answer(message, state):
+        if isinstance(message, Generate):
+            return [Generated(seq=message.seq, tokens=ids, committed_len=len(ids) + 1, done=True,
+                              stop_reason="max_tokens")]
+        return honest_answer()(message, state)
+
+    fake = FakeService(answer)
+
+    def on_a_terminal(*flags: str) -> bytes:
+        controller, terminal = pty.openpty()
+        try:
+            process = subprocess.Popen([SPECWIRE, "generate", "--server", fake.url, "--draft", str(tiny.draft),
+                                        "--prompt", "hi", "--mode", "server", *flags],
+                                       stdout=terminal, stderr=subprocess.DEVNULL)
+            os.close(terminal)
+            out = b""
+            while True:
+                try:
+                    chunk = os.read(controller, 4096)
+                except OSError:  # the pty closed with the process
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            assert process.wait(60) == 0
+            return out
+        finally:
+            os.close(controller)
+
+    try:
+        shown, raw = on_a_terminal(), on_a_terminal("--raw")
+        piped = generate(fake.url, tiny, "--mode", "server").stdout
+    finally:
+        fake.close()
+    assert b"\x1b" not in shown and "\u241b]52;c;aGVsbG8=\u2407".encode() in shown
+    assert OSC52.encode() in raw and OSC52.encode() in piped
