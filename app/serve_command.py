@@ -24,6 +24,9 @@ from wire.limits import BATCH_TOKENS, ServiceLimits
 log = logging.getLogger(__name__)
 
 DEFAULTS = ServiceLimits()
+CLEARTEXT_WARNING = ("WARNING: listening on %s with a token but without TLS: every client sends the token in the "
+                     "clear, and anyone on the path can read it and the conversations. Give --tls-cert and "
+                     "--tls-key, or terminate TLS in front of the service (a proxy, a mesh)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -74,6 +77,9 @@ def add_service_arguments(serve: argparse.ArgumentParser) -> None:
                         help="the certificate's private key")
     access.add_argument("--insecure-no-auth", action="store_true",
                         help="allow a non-loopback --host without --token-file (another layer must authenticate)")
+    access.add_argument("--public-metrics", action="store_true",
+                        help="serve /metrics without the bearer token (default: behind it when --token-file is "
+                             "given; for a scraper that cannot send one, on a network only it reaches)")
     limits = serve.add_argument_group("limits (a request or connection over a limit is refused, "
                                       "with a message and a retry hint)")
     limits.add_argument("--max-frame-bytes", type=int, default=DEFAULTS.max_frame_bytes,
@@ -115,6 +121,8 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UserError(problem)
     if token is None and not is_loopback(args.host):
         log.warning("listening on %s with no token (--insecure-no-auth): every client is accepted", args.host)
+    if token is not None and not is_loopback(args.host) and not (args.tls_cert or args.tls_key):
+        log.warning(CLEARTEXT_WARNING, args.host or "every interface")
     limits = ServiceLimits(max_frame_bytes=args.max_frame_bytes, max_sessions=args.max_sessions,
                            idle_timeout_s=args.idle_timeout, rate_per_s=args.rate, rate_burst=args.rate_burst,
                            retry_after_s=args.retry_after, drain_timeout_s=args.drain_timeout)
@@ -137,7 +145,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UserError(f"no target model at {target}")
     config = ServiceConfig(host=args.host, port=args.port, token=token, tls=tls,
                            limits=SessionLimits(max_draft=args.max_draft, max_context=args.max_context),
-                           service_limits=limits, batch_tokens=args.batch_tokens)
+                           service_limits=limits, batch_tokens=args.batch_tokens, public_metrics=args.public_metrics)
     service = VerifyService(lambda: load_backend(args.backend, target, device=args.device, threads=args.threads,
                                                  batch_threads=args.batch_threads,
                                                  batch_invariant=args.batch_invariant, torch_static=args.torch_static,

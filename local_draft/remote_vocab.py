@@ -27,7 +27,8 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from local_draft.verify_client import VerifyError, tls_context
+from local_draft.service_trust import said_by_service
+from local_draft.verify_client import VerifyError, tls_context, warn_if_cleartext
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,11 @@ _FINGERPRINT = re.compile(r"[0-9a-f]{32}")  # wire.protocol.vocab_fingerprint: 3
 
 
 class RemoteVocabError(RuntimeError):
-    """The service's vocabulary could not be had; the message says why and what to do."""
+    """The service's vocabulary could not be had; the message says why and what to do (the service's
+    own words in it escaped, as everything a service says)."""
+
+    def __init__(self, message: str):
+        super().__init__(said_by_service(message))
 
 
 def vocab_cache_dir() -> Path:
@@ -65,6 +70,7 @@ def fetch_vocab(server_url: str, token: str | None = None, ca_file: str | None =
     except VerifyError as exc:  # an unreadable CA file
         raise RemoteVocabError(str(exc)) from exc
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    warn_if_cleartext(server_url, token)
     info = _checked_info(_get(base + INFO_PATH, headers, context, server_url), server_url)
     folder = Path(cache_dir) if cache_dir is not None else vocab_cache_dir()
     path = folder / f"{info['vocab_fingerprint']}-{info['sha256']}.gguf"
@@ -89,13 +95,26 @@ def _http_base(server_url: str) -> str:
     return f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}"  # a path: a proxy's prefix for the service
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows no redirect: urllib would send the bearer token on to the new host (https to http too)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        raise urllib.error.HTTPError(req.full_url, code, f"redirected to {newurl}", headers, fp)
+
+
 def _get(url: str, headers: dict, context, server_url: str):
     """An open HTTP response for `url`, or a RemoteVocabError saying why there is none."""
     request = urllib.request.Request(url, headers=headers)
+    opener = urllib.request.build_opener(_NoRedirects(), urllib.request.HTTPSHandler(context=context))
     try:
-        return urllib.request.urlopen(request, timeout=TIMEOUT_S, context=context)
+        return opener.open(request, timeout=TIMEOUT_S)
     except urllib.error.HTTPError as exc:
-        body = exc.read(2000).decode("utf-8", "replace").strip()
+        if 300 <= exc.code < 400:
+            raise RemoteVocabError(f"the service at {server_url} redirected {urlsplit(url).path} to "
+                                   f"{said_by_service(exc.headers.get('Location', '?'))} (HTTP {exc.code}): refused, "
+                                   "the token is sent to the service's own address only; give that address "
+                                   "with --server if it is the service") from exc
+        body = said_by_service(exc.read(2000).decode("utf-8", "replace").strip())
         if exc.code == 401:
             raise RemoteVocabError(f"the service at {server_url} refused the token: {body} "
                                    "(give the service's token with --token-file)") from exc

@@ -9,6 +9,7 @@ in flight; websockets reads frames on its own thread meanwhile. Byte counts are 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import ssl
 import time
@@ -101,6 +102,35 @@ def on_this_machine(url: str) -> bool:
     return (urlsplit(url).hostname or "") in LOOPBACK
 
 
+def cleartext_token_problem(url: str, token: str | None) -> str | None:
+    """Why sending `token` to `url` exposes it (plain ws:// or http:// to another machine), or None."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if not token or parts.scheme not in ("ws", "http") or host in LOOPBACK:
+        return None
+    try:
+        address = ipaddress.ip_address(host)
+        if address.is_loopback or address.is_unspecified:  # 0.0.0.0 reaches this machine
+            return None
+    except ValueError:  # a name: only "localhost" is known to stay on this machine
+        pass
+    return (f"the bearer token goes to {parts.scheme}://{parts.netloc} in the clear: anyone on the way can read "
+            "it, and every conversation. Use a wss:// address (serve --tls-cert/--tls-key, or TLS in front of "
+            "the service), or a tunnel to a loopback address")
+
+
+_warned_cleartext: set[str] = set()
+
+
+def warn_if_cleartext(url: str, token: str | None) -> str | None:
+    """Log (once per address) a loud warning when the token would travel in the clear; the warning, or None."""
+    problem = cleartext_token_problem(url, token)
+    if problem and url not in _warned_cleartext:
+        _warned_cleartext.add(url)
+        log.warning("WARNING: %s", problem)
+    return problem
+
+
 class VerifyClient:
     def __init__(self, url: str, hello: Hello, token: str | None = None, ca_file: str | None = None,
                  open_timeout_s: float = 10.0, stall_timeout_s: float = 10.0,
@@ -116,6 +146,7 @@ class VerifyClient:
         self._sent_at = 0.0
         self._in_flight: tuple = (None, 0)  # the last request sent and its new tokens, to resend
         headers = {"Authorization": f"Bearer {token}"} if token else None
+        warn_if_cleartext(url, token)
         self._exit = contextlib.ExitStack()  # websockets wants connect() used as a context
         try:
             self._ws: ClientConnection = self._exit.enter_context(connect(

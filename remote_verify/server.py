@@ -1,7 +1,8 @@
 """The verification service: a WebSocket server that runs sessions against one target.
 
 Plain HTTP on the same port: `/healthz` (200 once the target is loaded, 503 while it
-loads or drains) and `/metrics` (Prometheus). Auth and the admission limits are applied
+loads or drains) and `/metrics` (Prometheus; behind the bearer token when the service has
+one, unless `public_metrics`). Auth and the admission limits are applied
 in `process_request`, before the upgrade. Each connection is one session; its model work
 goes through the device's queue (one worker thread, sessions in turn, their rounds sharing
 forward passes), so the event loop keeps answering pings, health checks and other clients
@@ -83,6 +84,7 @@ class ServiceConfig:
     limits: SessionLimits = SessionLimits()  # per round: draft length, context
     service_limits: ServiceLimits = ServiceLimits()  # per service and connection
     batch_tokens: int = BATCH_TOKENS  # budget of a forward pass shared by sessions; 0: one session a pass
+    public_metrics: bool = False  # /metrics without the token (a scraper inside the cluster); else behind it
 
 
 class TargetLoadError(RuntimeError):
@@ -218,6 +220,8 @@ class VerifyService:
                 return connection.respond(http.HTTPStatus.OK, "ok\n")
             return self._unavailable(connection, f"{self.state}\n")
         if path == "/metrics":
+            if not self.config.public_metrics and (refused := self._unauthorized(connection, request)):
+                return refused
             response = connection.respond(http.HTTPStatus.OK, self.metrics.render().decode())
             del response.headers["Content-Type"]
             response.headers["Content-Type"] = self.metrics.content_type

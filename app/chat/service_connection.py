@@ -15,7 +15,7 @@ from app.chat.settings import ChatSettings
 from app.chat.state import Connection, EngineListener, StartupProblem
 from app.threads_flags import colocated_serve_flags
 from local_draft.service_link import LinkState, ServiceLink
-from local_draft.verify_client import ServiceUnreachable, VerifyError
+from local_draft.verify_client import ServiceUnreachable, VerifyError, cleartext_token_problem
 from wire.protocol import Hello
 
 Note = Callable[[str], None]  # tells the user, about the reply in progress if there is one
@@ -80,6 +80,9 @@ class ServiceConnection:
             what = "refused the token" if exc.code == "http_401" else "refused this chat"
             raise StartupProblem("refused", f"the verification service {what}: {exc}", retry_possible=False) from exc
         self.link = link
+        exposed = cleartext_token_problem(self.url, self.settings.token)
+        if exposed:  # the log is a file while the chat runs: said in the transcript too
+            self._note(f"warning: {exposed}")
         self.max_context = link.current().welcome.max_context
         self._set_state(Connection(True, self.where()))
         return link

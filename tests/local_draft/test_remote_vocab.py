@@ -153,3 +153,43 @@ def test_over_wss_the_ca_file_is_trusted_and_nothing_else(llamacpp_target, tls_f
             fetch_vocab(running.url, TOKEN, None, cache_dir=tmp_path / "other")
     finally:
         running.close()
+
+
+def test_a_redirect_is_refused_and_the_token_goes_nowhere_else(tmp_path):
+    """A service answering /vocab.json with a redirect to another host (http, as from https) is
+    refused with a message; the other host never sees the request, nor the bearer token."""
+    import http.server
+    import threading
+
+    seen = []
+
+    class Elsewhere(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    elsewhere = http.server.HTTPServer(("127.0.0.1", 0), Elsewhere)
+
+    class Redirecting(Elsewhere):
+        def do_GET(self):
+            self.send_response(302)
+            self.send_header("Location", f"http://127.0.0.1:{elsewhere.server_port}/steal\x1b[2J")
+            self.end_headers()
+
+    service = http.server.HTTPServer(("127.0.0.1", 0), Redirecting)
+    for server in (elsewhere, service):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(RemoteVocabError, match="redirected /vocab.json to http://127.0.0.1:[0-9]+/steal"
+                                                   r"\\x1b\[2J \(HTTP 302\): refused") as error:
+            fetch_vocab(f"ws://127.0.0.1:{service.server_port}", TOKEN, None, cache_dir=tmp_path)
+        assert "\x1b" not in str(error.value)
+    finally:
+        service.shutdown()
+        elsewhere.shutdown()
+    assert seen == []

@@ -210,3 +210,39 @@ def test_generate_shows_a_model_escape_sequence_on_a_terminal_and_keeps_it_with_
         fake.close()
     assert b"\x1b" not in shown and "\u241b]52;c;aGVsbG8=\u2407".encode() in shown
     assert OSC52.encode() in raw and OSC52.encode() in piped
+
+
+def own_address() -> str:
+    """This machine's address on its network (not loopback): where a "remote" service is reached."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # no packet is sent: this picks the route's source address
+        except OSError:
+            pytest.skip("this machine has no network address but loopback: no remote service can be reached")
+        address = probe.getsockname()[0]
+    if address.startswith("127."):
+        pytest.skip("this machine has no network address but loopback")
+    return address
+
+
+def test_a_token_sent_in_the_clear_to_another_machine_is_warned_about(tiny, close_draft, tmp_path, caplog):
+    """A token over plain ws:// to a non-loopback address: the client warns, once per address, and
+    `generate` says so on stderr; to loopback, or without a token, not a word."""
+    fake = FakeService(honest_answer(), host="0.0.0.0")
+    remote = f"ws://{own_address()}:{fake.port}"
+    token = tmp_path / "token"
+    token.write_text("s3cret")
+    token.chmod(0o600)
+    try:
+        with caplog.at_level("WARNING", logger="local_draft.verify_client"):
+            loopback = f"ws://127.0.0.1:{fake.port}"
+            for url, with_token in ((loopback, "s3cret"), (remote, None), (remote, "s3cret"), (remote, "s3cret")):
+                VerifyClient(url, hello_for(close_draft), token=with_token).close()
+        warnings = [record.getMessage() for record in caplog.records if "in the clear" in record.getMessage()]
+        assert len(warnings) == 1 and remote.removeprefix("ws://") in warnings[0], warnings
+        run = generate(remote, tiny, "--k", "0", "--token-file", str(token))
+        assert run.returncode == 0 and b"the bearer token goes to " + remote.encode() + b" in the clear" in run.stderr
+    finally:
+        fake.close()
