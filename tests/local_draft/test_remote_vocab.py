@@ -118,11 +118,25 @@ def test_a_corrupt_download_is_refused_and_not_cached(llamacpp_target, tmp_path)
         with pytest.raises(RemoteVocabError, match="is corrupt: its sha256 is"):
             fetch_vocab(running.url, None, None, cache_dir=tmp_path)
         assert not any(tmp_path.iterdir())
-        # a service that sends a broken file with its right hash: caught when llama.cpp reads it
+        # a service that sends a broken file with its right hash: caught before llama.cpp reads it
         truncated = offer.data[: len(offer.data) // 2]
         running.service.vocab = dataclasses.replace(offer, data=truncated,
                                                     sha256=hashlib.sha256(truncated).hexdigest())
-        with pytest.raises(RemoteVocabError, match="does not load in llama.cpp"):
+        with pytest.raises(RemoteVocabError, match="is refused: it ends inside .*not given to llama.cpp"):
+            fetch_vocab(running.url, None, None, cache_dir=tmp_path)
+        assert not any(tmp_path.iterdir())
+        # a crafted file (a 100 KB token: the kind of input llama.cpp's loader has overflowed on), hashed
+        # right: refused by the Python check, never given to llama.cpp
+        from tests.local_draft.test_vocab_file_check import rewritten
+
+        source = tmp_path.parent / "offered.gguf"
+        source.write_bytes(offer.data)
+        crafted = rewritten(source, tmp_path.parent / "crafted.gguf", lambda item: (
+            item[0], item[1], [b"x" * 100_000] + item[2][1:], item[3]) if item[0] == "tokenizer.ggml.tokens" else item)
+        crafted_data = crafted.read_bytes()
+        running.service.vocab = dataclasses.replace(offer, data=crafted_data,
+                                                    sha256=hashlib.sha256(crafted_data).hexdigest())
+        with pytest.raises(RemoteVocabError, match="is refused: item 0 of tokenizer.ggml.tokens is 100000 bytes"):
             fetch_vocab(running.url, None, None, cache_dir=tmp_path)
         assert not any(tmp_path.iterdir())
         # and one of another vocabulary (the default pair's) than the one the service checks Hellos against
