@@ -16,7 +16,7 @@ import ssl
 from pathlib import Path
 
 from app.model_paths import resolve_model
-from app.token_file import read_token_file
+from app.token_file import read_token_file, read_token_line
 from app.threads_flags import add_service_threads_argument
 from app.user_error import UserError
 from wire.limits import BATCH_TOKENS, ServiceLimits
@@ -42,6 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=int, default=int(env("SPECWIRE_PORT", "8765")), help="0 picks a free port")
     serve.add_argument("--token-file", default=env("SPECWIRE_TOKEN_FILE"),
                        help="file holding the bearer token clients must send")
+    serve.add_argument("--token-stdin", action="store_true",
+                       help="read the bearer token from the first line of standard input (a program starting "
+                            "the service keeps the token off the command line; with --exit-with-parent the pipe "
+                            "then stays open)")
     serve.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
                        help="score a verified block with the bits of its tokens decoded one at a time, so "
                        "greedy output equals the target alone even at near-ties (default: on for llamacpp, "
@@ -108,6 +112,9 @@ def run_serve(args: argparse.Namespace) -> int:
     from remote_verify.server import ServiceConfig, TargetLoadError, VerifyService
     from remote_verify.session import SessionLimits
 
+    if args.token_stdin and args.token_file:
+        raise UserError("--token-stdin and --token-file both give the token: give one")
+    token = read_token_line() if args.token_stdin else read_token_file(args.token_file)  # before the watcher reads stdin
     if args.exit_with_parent:
         from app.exit_with_parent import exit_with_parent
 
@@ -115,7 +122,6 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.log_format == "json":
         use_json_logs()
     escape_log_messages()  # a client's text never starts a line of its own in the log
-    token = read_token_file(args.token_file)
     problem = exposure_problem(args.host, token, args.insecure_no_auth)
     if problem:
         raise UserError(problem)

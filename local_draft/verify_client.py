@@ -20,6 +20,7 @@ from websockets.protocol import State
 from websockets.sync.client import ClientConnection, connect
 
 from local_draft.service_trust import frame_token_ids, said_by_service, token_id_problem, with_words_escaped
+from wire.service_proof import CHALLENGE_HEADER, PROOF_HEADER, new_challenge, proves
 from wire.protocol import (
     SUBPROTOCOL,
     Cancel,
@@ -134,7 +135,9 @@ def warn_if_cleartext(url: str, token: str | None) -> str | None:
 class VerifyClient:
     def __init__(self, url: str, hello: Hello, token: str | None = None, ca_file: str | None = None,
                  open_timeout_s: float = 10.0, stall_timeout_s: float = 10.0,
-                 max_frame_bytes: int = 4 * 1024 * 1024):
+                 max_frame_bytes: int = 4 * 1024 * 1024, prove_service: bool = False):
+        """`prove_service`: before the Hello, the service must prove it holds `token`
+        (wire/service_proof.py); one that does not is refused, and hears nothing more."""
         self.url = url
         self.vocab_size = hello.vocab_size  # every id the service sends must be one of ours
         self.stall_timeout_s = stall_timeout_s
@@ -145,7 +148,10 @@ class VerifyClient:
         self._longest_wait = stall_timeout_s  # with pings answered
         self._sent_at = 0.0
         self._in_flight: tuple = (None, 0)  # the last request sent and its new tokens, to resend
-        headers = {"Authorization": f"Bearer {token}"} if token else None
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        challenge = new_challenge() if prove_service and token else None
+        if challenge:
+            headers[CHALLENGE_HEADER] = challenge
         warn_if_cleartext(url, token)
         self._exit = contextlib.ExitStack()  # websockets wants connect() used as a context
         try:
@@ -169,6 +175,11 @@ class VerifyClient:
             # ConnectionClosed: dropped mid-handshake, as by a proxy in front of a dead service
             raise ServiceUnreachable(
                 f"cannot reach the verification service at {url}: {exc} (is `specwire serve` running?)") from exc
+        if challenge and not proves(token, challenge, self._ws.response.headers.get(PROOF_HEADER)):
+            self.close()
+            raise VerifyError("service_unproven", f"the program at {url} did not prove it holds the service's token: "
+                              "it is not the verification service this client started (another program took "
+                              "its port?); nothing was sent to it", fatal=True)
         self.welcome = self._request(hello, Welcome)
 
     def verify(self, request: Verify) -> Verdict:

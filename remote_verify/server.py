@@ -35,6 +35,7 @@ from websockets.http11 import Request, Response
 from websockets.protocol import State
 
 from remote_verify.access import bearer_problem
+from wire.service_proof import CHALLENGE_HEADER, MAX_CHALLENGE_CHARS, PROOF_HEADER, proof
 from remote_verify.backends import CacheFull, TargetBackend
 from remote_verify.frames import BadFrame, FrameReader, frame_cost, hello_problems
 from remote_verify.idle import IdleClock
@@ -135,6 +136,7 @@ class VerifyService:
                 self.config.port,
                 subprotocols=[SUBPROTOCOL],
                 process_request=self._process_request,
+                process_response=self._process_response,
                 max_size=self.guard.max_frame_bytes,
                 max_queue=FRAMES_BUFFERED,
                 ping_interval=self.config.ping_interval_s,
@@ -248,6 +250,13 @@ class VerifyService:
                 f"retry in {self.guard.retry_after_s:g} s, or use another replica\n")
         self._admitted.add(connection)
         return None
+
+    def _process_response(self, connection: ServerConnection, request: Request, response: Response) -> None:
+        """Answer a client's challenge with the proof that this service holds the token (wire/service_proof.py)."""
+        challenge = request.headers.get(CHALLENGE_HEADER)
+        if self.config.token is not None and challenge and len(challenge) <= MAX_CHALLENGE_CHARS \
+                and response.status_code == http.HTTPStatus.SWITCHING_PROTOCOLS:
+            response.headers[PROOF_HEADER] = proof(self.config.token, challenge)
 
     def _unauthorized(self, connection: ServerConnection, request: Request) -> Response | None:
         """The refusal of a request without the service's bearer token, or None when it may go on."""

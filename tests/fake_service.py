@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from websockets.asyncio.server import serve
+from websockets.exceptions import ConnectionClosed
 
 from wire.protocol import (
     SUBPROTOCOL, Generate, Generated, Hello, Sync, Synced, Verdict, Verify, Welcome, decode_client_message, encode,
@@ -51,15 +52,17 @@ def honest_answer(token: int = 5) -> Answer:
 
 
 class FakeService:
-    def __init__(self, answer: Answer, welcome: Callable[[Hello], Welcome] | None = None, host: str = "127.0.0.1"):
+    def __init__(self, answer: Answer, welcome: Callable[[Hello], Welcome] | None = None, host: str = "127.0.0.1",
+                 port: int = 0):
         self.answer = answer
         self.welcome = welcome or (lambda hello: Welcome(session_id="fake", max_context=4096, max_draft=16,
                                                          vocab_size=hello.vocab_size, target="fake-target"))
-        self.sessions: list[FakeState] = []
+        self.sessions: list[FakeState] = []  # one per Hello received
+        self.connections = 0  # WebSocket upgrades, with a Hello or not
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Future | None = None
-        self.port = 0
+        self.port = port
         self.host = host
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
         self._thread.start()
@@ -69,15 +72,19 @@ class FakeService:
     async def _run(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = self._loop.create_future()
-        async with serve(self._handle, self.host, 0, subprotocols=[SUBPROTOCOL]) as server:
+        async with serve(self._handle, self.host, self.port, subprotocols=[SUBPROTOCOL]) as server:
             self.port = server.sockets[0].getsockname()[1]
             self._ready.set()
             await self._stop
 
     async def _handle(self, ws) -> None:
+        self.connections += 1
         state = FakeState()
+        try:
+            state.hello = decode_client_message(await ws.recv())
+        except ConnectionClosed:  # a client that checked the upgrade and left
+            return
         self.sessions.append(state)
-        state.hello = decode_client_message(await ws.recv())
         await ws.send(encode(self.welcome(state.hello)))
         async for frame in ws:
             message = decode_client_message(frame)

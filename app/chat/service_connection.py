@@ -71,16 +71,19 @@ class ServiceConnection:
         """A new session on the service already found (new sampling settings travel in Hello)."""
         self.close_link()
         self._listener().progress(f"connecting to {self.url}")
+        # the embedded service has a token of its own, and proves it holds it before the chat says a word
+        embedded = self.settings.embedded and self.service is not None
+        token = self.service.token if embedded else self.settings.token
         try:
-            link = ServiceLink(self.url, hello, token=self.settings.token, ca_file=self.settings.ca_file,
-                               on_state=self._on_link_state)
+            link = ServiceLink(self.url, hello, token=token, ca_file=self.settings.ca_file,
+                               on_state=self._on_link_state, prove_service=embedded)
         except ServiceUnreachable as exc:  # with no draft model (--draft ngram) there is no offline to offer
             raise StartupProblem("unreachable", str(exc), offline_possible=self.settings.drafting != "ngram") from exc
         except VerifyError as exc:
             what = "refused the token" if exc.code == "http_401" else "refused this chat"
             raise StartupProblem("refused", f"the verification service {what}: {exc}", retry_possible=False) from exc
         self.link = link
-        exposed = cleartext_token_problem(self.url, self.settings.token)
+        exposed = cleartext_token_problem(self.url, token)
         if exposed:  # the log is a file while the chat runs: said in the transcript too
             self._note(f"warning: {exposed}")
         self.max_context = link.current().welcome.max_context
