@@ -9,6 +9,11 @@ draft costs a truncation, never a recompute of the prefix.
 A round is device work in two halves (`verify_work`): planned (checked, its feed built,
 nothing changed) before a forward pass that other sessions' rounds may share, and finished
 (acceptance, commit, truncation) after it, with this session's share of the results.
+
+A long feed (a prompt, the history after a Sync) is prefilled in pieces when the device queue
+asks (`Shareable.split`, remote_verify/scheduler.py): the request is checked and its appended
+tokens taken into the history first, then each piece extends the cache, in a turn of its own,
+and the round itself comes last, as if the history had been sent before it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import uuid
 from dataclasses import dataclass
 from functools import partial
 
+import msgspec
 import numpy as np
 
 from remote_verify.acceptance import accept_greedy, accept_sampled
@@ -60,6 +66,7 @@ class Session:
         self.cache = backend.new_cache()
         self.cached_len = 0  # positions in the cache
         self.last_seq = 0
+        self._prefill_s = 0.0  # forward seconds of the prefill pieces before the round in progress
 
     def verify(self, request: Verify) -> Verdict:
         """Verify one block in a pass of its own."""
@@ -68,25 +75,40 @@ class Session:
     def verify_work(self, request: Verify) -> Shareable:
         """The round as device work that may share a forward pass with other sessions' rounds."""
         return Shareable(self.backend, partial(self._plan_verify, request),
-                         lambda: len(self.committed) - self.cached_len + len(request.append) + len(request.draft))
+                         lambda: len(self.committed) - self.cached_len + len(request.append) + len(request.draft),
+                         split=partial(self._split_verify, request))
+
+    def _split_verify(self, request: Verify, limit: int) -> tuple[Shareable, Shareable] | None:
+        """Chunked prefill of a round: (a piece of at most `limit` history tokens, the round after it),
+        or None when the history the cache lacks is that short. The request is checked first, and its
+        appended tokens become history (the round that follows appends nothing)."""
+        if len(self.committed) - self.cached_len + len(request.append) - 1 <= limit:
+            return None
+        if request.append:
+            self._check_verify(request)
+            if not self.sampling.greedy:
+                self._checked_dists(request)
+            self.committed += list(request.append)
+            request = msgspec.structs.replace(request, committed_len=len(self.committed), append=[])
+        return self._prefill_work(limit), self.verify_work(request)
+
+    def _prefill_work(self, limit: int) -> Shareable:
+        """Up to `limit` committed tokens the cache lacks (never the last one: the next round feeds it)."""
+        def plan() -> Planned:
+            feed = self.committed[self.cached_len:min(self.cached_len + limit, len(self.committed) - 1)]
+
+            def finish(result: np.ndarray, forward_s: float) -> None:
+                self.cached_len += len(feed)
+                self._prefill_s += forward_s
+
+            return Planned(Pass(self.cache, feed, 1, argmax_only=True), finish, self._undo)
+
+        return Shareable(self.backend, plan, lambda: min(limit, len(self.committed) - 1 - self.cached_len))
 
     def _plan_verify(self, request: Verify) -> Planned:
         """Check the request and build its share of a pass; nothing changes until `finish`."""
-        self._check_seq(request.seq)
-        self._check_committed(request.committed_len)
-        # lengths before ids: a request over a limit is refused without reading what it holds
+        history = self._check_verify(request)
         k = len(request.draft)
-        if k > self.limits.max_draft:
-            raise SessionError("draft_too_long", f"draft of {k} tokens exceeds the limit of {self.limits.max_draft}")
-        history = len(self.committed) + len(request.append)
-        if history == 0:
-            raise SessionError("empty_context", "nothing to continue: append at least one prompt token (BOS)")
-        if history + k + 1 > self.limits.max_context:
-            raise SessionError(
-                "context_full",
-                f"{history} tokens + {k} drafted + 1 exceeds the context limit of {self.limits.max_context}")
-        self._check_tokens(request.append, "append")
-        self._check_tokens(request.draft, "draft")
         draft_dists = None if self.sampling.greedy else self._checked_dists(request)
         feed = self.committed[self.cached_len:] + list(request.append) + list(request.draft)
 
@@ -103,11 +125,31 @@ class Session:
             self.cached_len = len(self.committed) - 1
             self.backend.truncate(self.cache, self.cached_len)
             self.last_seq = request.seq
+            forward_s, self._prefill_s = forward_s + self._prefill_s, 0.0  # the round's pieces count as its pass
             return Verdict(seq=request.seq, accepted=accepted, token=token,
                            committed_len=len(self.committed),
                            forward_s=forward_s, accept_s=time.perf_counter() - started)
 
         return Planned(Pass(self.cache, feed, k + 1, argmax_only=self.sampling.greedy), finish, self._undo)
+
+    def _check_verify(self, request: Verify) -> int:
+        """Refuse a round that cannot run (SessionError); the length of its history before the draft."""
+        self._check_seq(request.seq)
+        self._check_committed(request.committed_len)
+        # lengths before ids: a request over a limit is refused without reading what it holds
+        k = len(request.draft)
+        if k > self.limits.max_draft:
+            raise SessionError("draft_too_long", f"draft of {k} tokens exceeds the limit of {self.limits.max_draft}")
+        history = len(self.committed) + len(request.append)
+        if history == 0:
+            raise SessionError("empty_context", "nothing to continue: append at least one prompt token (BOS)")
+        if history + k + 1 > self.limits.max_context:
+            raise SessionError(
+                "context_full",
+                f"{history} tokens + {k} drafted + 1 exceeds the context limit of {self.limits.max_context}")
+        self._check_tokens(request.append, "append")
+        self._check_tokens(request.draft, "draft")
+        return history
 
     def _undo(self) -> None:
         """Drop what a failed pass may have left in the cache past the committed prefix."""
@@ -139,7 +181,15 @@ class Session:
 
     def next_token_work(self) -> Shareable:
         """The next server-only token as device work that may share a pass with other sessions'."""
-        return Shareable(self.backend, self._plan_token, lambda: len(self.committed) - self.cached_len)
+        work = Shareable(self.backend, self._plan_token, lambda: len(self.committed) - self.cached_len)
+        work.split = partial(self._split_token, work)
+        return work
+
+    def _split_token(self, work: Shareable, limit: int) -> tuple[Shareable, Shareable] | None:
+        """Chunked prefill before a server-only token: (a piece, the same step after it), or None."""
+        if len(self.committed) - self.cached_len - 1 <= limit:
+            return None
+        return self._prefill_work(limit), work
 
     def _plan_token(self) -> Planned:
         started = time.perf_counter()
@@ -154,6 +204,7 @@ class Session:
                 token = int(draw.choice(probs.shape[0], p=probs))
             self.committed.append(token)
             self.cached_len = len(self.committed) - 1
+            forward_s, self._prefill_s = forward_s + self._prefill_s, 0.0  # its prefill pieces count as its pass
             return token, started, forward_s
 
         return Planned(Pass(self.cache, feed, 1, argmax_only=self.sampling.greedy), finish, self._undo)
