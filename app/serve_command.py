@@ -97,6 +97,14 @@ def add_service_arguments(serve: argparse.ArgumentParser) -> None:
                         "(default: %(default)s)")
     limits.add_argument("--rate-burst", type=int, default=DEFAULTS.rate_burst,
                         help="requests per connection in a burst (default: %(default)s)")
+    limits.add_argument("--max-sessions-per-client", type=int, default=DEFAULTS.max_sessions_per_client,
+                        metavar="N", help="sessions one client address may hold; 0: half of --max-sessions (behind a "
+                        "proxy every client has its address: set --max-sessions); loopback clients are not counted "
+                        "(default: %(default)s)")
+    limits.add_argument("--handshake-rate", type=float, default=DEFAULTS.handshake_rate_per_s, metavar="PER_SECOND",
+                        help="new sessions a second per client address, sustained (default: %(default)s)")
+    limits.add_argument("--handshake-burst", type=int, default=DEFAULTS.handshake_burst,
+                        help="new sessions per client address in a burst (default: %(default)s)")
     limits.add_argument("--retry-after", type=float, default=DEFAULTS.retry_after_s, metavar="SECONDS",
                         help="the retry hint sent with a refused connection (default: %(default)s)")
     limits.add_argument("--drain-timeout", type=float, default=DEFAULTS.drain_timeout_s, metavar="SECONDS",
@@ -109,7 +117,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from remote_verify.access import exposure_problem, is_loopback, server_tls_context
     from remote_verify.backends import load_backend
     from remote_verify.logs import escape_log_messages, use_json_logs
-    from remote_verify.server import ServiceConfig, TargetLoadError, VerifyService
+    from remote_verify.server import ServiceConfig, SettingsRefused, TargetLoadError, VerifyService
     from remote_verify.session import SessionLimits
 
     if args.token_stdin and args.token_file:
@@ -131,7 +139,9 @@ def run_serve(args: argparse.Namespace) -> int:
         log.warning(CLEARTEXT_WARNING, args.host or "every interface")
     limits = ServiceLimits(max_frame_bytes=args.max_frame_bytes, max_sessions=args.max_sessions,
                            idle_timeout_s=args.idle_timeout, rate_per_s=args.rate, rate_burst=args.rate_burst,
-                           retry_after_s=args.retry_after, drain_timeout_s=args.drain_timeout)
+                           retry_after_s=args.retry_after, drain_timeout_s=args.drain_timeout,
+                           max_sessions_per_client=args.max_sessions_per_client,
+                           handshake_rate_per_s=args.handshake_rate, handshake_burst=args.handshake_burst)
     problems = limits.problems()
     if problems:
         raise UserError("; ".join(problems))
@@ -163,6 +173,8 @@ def run_serve(args: argparse.Namespace) -> int:
     log.info("loading the target %s (/healthz answers 503 until it is ready)", target)
     try:
         asyncio.run(service.run(announce))
+    except SettingsRefused as exc:
+        raise UserError(f"refusing to start: {exc}") from exc
     except TargetLoadError as exc:
         raise UserError(f"cannot load the target {target}: {exc}") from exc
     except OSError as exc:

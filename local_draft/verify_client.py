@@ -44,6 +44,9 @@ SECONDS_PER_NEW_TOKEN = 0.05  # a generous CPU prefill rate for a 1.5B target
 # queue): it is waited for up to this rate, slower than any target we run, so that a hung forward
 # pass is still found out in the end.
 SLOWEST_SECONDS_PER_NEW_TOKEN = 1.0
+# A Welcome is waited for like a verdict: past the stall timeout the service is asked whether it is
+# alive, and waited for up to this long while it answers (many clients arriving together, a loaded host).
+SLOWEST_WELCOME_S = 120.0
 CLOSE_TIMEOUT_S = 2.0  # a live service answers a close at once; do not wait on a dead one
 RATE_LIMIT_RETRIES = 3  # a rate-limited request is sent again after the service's hint, this often
 MAX_RETRY_WAIT_S = 5.0  # and never after more than this
@@ -180,7 +183,9 @@ class VerifyClient:
             raise VerifyError("service_unproven", f"the program at {url} did not prove it holds the service's token: "
                               "it is not the verification service this client started (another program took "
                               "its port?); nothing was sent to it", fatal=True)
-        self.welcome = self._request(hello, Welcome)
+        self._send(hello, 0)
+        self._longest_wait = self.stall_timeout_s + SLOWEST_WELCOME_S
+        self.welcome = self._receive_retrying(Welcome)
 
     def verify(self, request: Verify) -> Verdict:
         self.send_verify(request)

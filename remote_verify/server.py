@@ -36,12 +36,14 @@ from websockets.protocol import State
 
 from remote_verify.access import bearer_problem
 from wire.service_proof import CHALLENGE_HEADER, MAX_CHALLENGE_CHARS, PROOF_HEADER, proof
-from remote_verify.backends import CacheFull, TargetBackend
+from remote_verify.backends import TargetBackend
+from remote_verify.client_gate import ClientGate
 from remote_verify.frames import BadFrame, FrameReader, frame_cost, hello_problems
 from remote_verify.idle import IdleClock
 from remote_verify.limits import TokenBucket
 from wire.limits import ServiceLimits
 from remote_verify.logs import printable, session_log
+from remote_verify.memory import give_back_free_memory, kv_memory_problem
 from remote_verify.metrics import ServiceMetrics
 from wire.protocol import (
     CLOSE_GOING_AWAY,
@@ -72,6 +74,7 @@ TargetLoader = Callable[[], TargetBackend]
 # two are enough (a Cancel may cross a request), and each may be max_frame_bytes: this bounds
 # what a connection that pipelines can make the service hold.
 FRAMES_BUFFERED = 2
+TIDY_EVERY_S = 5.0  # how often the backend may free or shrink KV pools its sessions have left
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,10 @@ class ServiceConfig:
 
 class TargetLoadError(RuntimeError):
     """The target model could not be loaded; the service stopped without serving."""
+
+
+class SettingsRefused(TargetLoadError):
+    """The target loaded, but the service's settings cannot work with it (its KV memory does not fit)."""
 
 
 class VerifyService:
@@ -117,6 +124,8 @@ class VerifyService:
         self._busy: set[str] = set()  # sessions with a round in flight
         self._streams: dict[str, ServerOnlyStream] = {}  # each session's server-only generation
         self._admitted: set[ServerConnection] = set()  # upgrades let through, not closed yet
+        self._gate = ClientGate(self.guard)  # handshakes a second and sessions held, per client
+        self._allocating: set[asyncio.Task] = set()  # sessions' caches being allocated ahead (held: not collected)
 
     # ---- lifecycle --------------------------------------------------------------------
 
@@ -147,8 +156,10 @@ class VerifyService:
                     return
                 self.state = "ready"
                 self.metrics.ready.set(1)
+                tidying = asyncio.ensure_future(self._tidy_every(TIDY_EVERY_S))
                 on_ready(self._url(self.port))
                 await self._stopping
+                tidying.cancel()
                 await self._drain()
         finally:
             # stopped while loading: do not wait minutes for a model nobody will use
@@ -185,11 +196,26 @@ class VerifyService:
             (backend, fingerprint, vocab), _ = loading.result()
         except Exception as exc:
             raise TargetLoadError(str(exc) or type(exc).__name__) from exc
+        problem = kv_memory_problem(backend, self.guard.max_sessions)
+        if problem:  # now, not when the OOM killer finds out with the sessions open
+            raise SettingsRefused(problem)
         self.backend, self.fingerprint, self.vocab = backend, fingerprint, vocab
         self.limits = SessionLimits(max_draft=self.config.limits.max_draft,
                                     max_context=min(self.config.limits.max_context, backend.max_context))
         self.frames = FrameReader(self.limits.max_context, self.limits.max_draft)
         return True
+
+    async def _tidy_every(self, period_s: float) -> None:
+        """Let the backend free or shrink the KV pools sessions have left (in its turn on the device)."""
+        tidy = getattr(self.backend, "tidy", None)
+        while tidy is not None:
+            await asyncio.sleep(period_s)
+            try:
+                freed, _ = await self.queue.run("tidy", tidy)
+            except QueueClosed:
+                return
+            if freed:
+                give_back_free_memory()
 
     async def _drain(self) -> None:
         """Refuse new sessions, let rounds in flight finish, then close everything (1001)."""
@@ -248,6 +274,14 @@ class VerifyService:
             return self._unavailable(
                 connection, f"the service is at its limit of {self.guard.max_sessions} sessions: "
                 f"retry in {self.guard.retry_after_s:g} s, or use another replica\n")
+        address = _address_of(connection)
+        limited = self._gate.refusal(address, sum(_address_of(c) == address for c in self._admitted))
+        if limited is not None:
+            why, wait_s = limited
+            self.metrics.refusals.labels("client_limit").inc()
+            response = connection.respond(http.HTTPStatus.TOO_MANY_REQUESTS, f"{why}: retry in {wait_s:.1f} s\n")
+            response.headers["Retry-After"] = str(max(1, round(wait_s)))
+            return response
         self._admitted.add(connection)
         return None
 
@@ -422,18 +456,10 @@ class VerifyService:
         if problems:
             await self._refuse(ws, CLOSE_PROTOCOL_ERROR, "bad_sampling", "; ".join(problems))
             return None
-        opening = object()  # its own turn in the queue: allocating a cache touches the model
-        try:
-            session, _ = await self.queue.run(opening, partial(Session, backend, hello.sampling, hello.seed,
-                                                               self.limits))
-        except QueueClosed:
-            return None
-        except CacheFull as exc:
-            log.warning("refused a session: %s", exc)
-            await self._refuse(ws, CLOSE_GOING_AWAY, "sessions_full",
-                               f"the service has no KV memory for another session now: retry in "
-                               f"{self.guard.retry_after_s:g} s, or use another replica")
-            return None
+        # Welcomed without waiting for a KV pool: a pool that must grow holds the device thread for
+        # seconds on a CPU, and eight clients arriving together timed out waiting for it. The cache is
+        # allocated in the session's turn right after (and at the latest by its first round).
+        session = Session(backend, hello.sampling, hello.seed, self.limits, allocate=False)
         self.sessions[session.id] = session  # registered before the client can use it
         self._connections[session.id] = ws
         self.metrics.sessions.inc()
@@ -447,7 +473,18 @@ class VerifyService:
             await self._close_session(session)
             return None
         session_log(log, session.id).info("opened (%s)", printable(hello.client, 80) or "unnamed client")
+        task = asyncio.ensure_future(self._allocate_ahead(session))
+        self._allocating.add(task)
+        task.add_done_callback(self._allocating.discard)
         return session
+
+    async def _allocate_ahead(self, session: Session) -> None:
+        """The session's KV cache, in its turn, likely before its first round arrives; a failure is
+        left for that round to report (it tries again)."""
+        try:
+            await self.queue.run(session.id, session.ensure_cache)
+        except (SessionError, QueueClosed) as exc:
+            session_log(log, session.id).info("no KV cache yet: %s", exc)
 
     def _capabilities(self) -> list[str]:
         capabilities = ["greedy", "sampling", "sync", "generate"]
@@ -474,3 +511,9 @@ class VerifyService:
             await ws.close(close_code, code)
         except ConnectionClosed:
             pass
+
+
+def _address_of(connection: ServerConnection) -> str:
+    """The client's address (its IP, without the port)."""
+    remote = connection.remote_address
+    return str(remote[0]) if remote else ""

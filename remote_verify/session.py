@@ -28,7 +28,7 @@ import msgspec
 import numpy as np
 
 from remote_verify.acceptance import accept_greedy, accept_sampled
-from remote_verify.backends import Pass, TargetBackend
+from remote_verify.backends import CacheFull, Pass, TargetBackend
 from remote_verify.memory import give_back_free_memory
 from remote_verify.scheduler import Planned, Shareable
 from wire.limits import MAX_STOP_IDS
@@ -55,7 +55,9 @@ class SessionError(Exception):
 
 class Session:
     def __init__(self, backend: TargetBackend, sampling: SamplingParams, seed: int | None,
-                 limits: SessionLimits):
+                 limits: SessionLimits, allocate: bool = True):
+        """`allocate=False`: the KV cache is allocated by `ensure_cache` (on the device thread), at
+        the latest by the first round: the service welcomes a client without waiting for a pool."""
         self.id = uuid.uuid4().hex[:12]
         self.backend = backend
         self.sampling = sampling
@@ -63,7 +65,8 @@ class Session:
         # Draws keyed by (seed, position): a rebuilt session repeats them, a later position never does.
         self.randomness = DecisionRandomness(seed)
         self.committed: list[int] = []
-        self.cache = backend.new_cache()
+        self.cache = backend.new_cache() if allocate else None
+        self._closed = False
         self.cached_len = 0  # positions in the cache
         self.last_seq = 0
         self._prefill_s = 0.0  # forward seconds of the prefill pieces before the round in progress
@@ -95,6 +98,7 @@ class Session:
     def _prefill_work(self, limit: int) -> Shareable:
         """Up to `limit` committed tokens the cache lacks (never the last one: the next round feeds it)."""
         def plan() -> Planned:
+            self.ensure_cache()
             feed = self.committed[self.cached_len:min(self.cached_len + limit, len(self.committed) - 1)]
 
             def finish(result: np.ndarray, forward_s: float) -> None:
@@ -105,9 +109,20 @@ class Session:
 
         return Shareable(self.backend, plan, lambda: min(limit, len(self.committed) - 1 - self.cached_len))
 
+    def ensure_cache(self) -> None:
+        """Allocate the KV cache if it is not yet (SessionError sessions_full when there is no memory)."""
+        if self.cache is not None or self._closed:
+            return
+        try:
+            self.cache = self.backend.new_cache()
+        except CacheFull as exc:
+            raise SessionError("sessions_full", f"the service has no KV memory for this session now ({exc}): "
+                               "reconnect in a few seconds, or use another replica", fatal=True) from exc
+
     def _plan_verify(self, request: Verify) -> Planned:
         """Check the request and build its share of a pass; nothing changes until `finish`."""
         history = self._check_verify(request)
+        self.ensure_cache()
         k = len(request.draft)
         draft_dists = None if self.sampling.greedy else self._checked_dists(request)
         feed = self.committed[self.cached_len:] + list(request.append) + list(request.draft)
@@ -192,6 +207,7 @@ class Session:
         return self._prefill_work(limit), work
 
     def _plan_token(self) -> Planned:
+        self.ensure_cache()
         started = time.perf_counter()
         feed = self.committed[self.cached_len:]
 
@@ -222,7 +238,8 @@ class Session:
         while common < limit and self.committed[common] == request.tokens[common]:
             common += 1
         common = min(common, max(len(request.tokens) - 1, 0))
-        self.backend.truncate(self.cache, common)
+        if self.cache is not None:
+            self.backend.truncate(self.cache, common)
         self.cached_len = common
         self.committed = list(request.tokens)
         self.last_seq = request.seq  # a Sync starts a new run of sequence numbers
@@ -236,6 +253,7 @@ class Session:
         if release is not None and self.cache is not None:
             release(self.cache)
         self.cache = None
+        self._closed = True
         give_back_free_memory()
 
     def _check_committed(self, committed_len: int) -> None:

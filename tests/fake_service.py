@@ -53,7 +53,7 @@ def honest_answer(token: int = 5) -> Answer:
 
 class FakeService:
     def __init__(self, answer: Answer, welcome: Callable[[Hello], Welcome] | None = None, host: str = "127.0.0.1",
-                 port: int = 0):
+                 port: int = 0, welcome_delay_s: float = 0.0):
         self.answer = answer
         self.welcome = welcome or (lambda hello: Welcome(session_id="fake", max_context=4096, max_draft=16,
                                                          vocab_size=hello.vocab_size, target="fake-target"))
@@ -64,6 +64,7 @@ class FakeService:
         self._stop: asyncio.Future | None = None
         self.port = port
         self.host = host
+        self.welcome_delay_s = welcome_delay_s  # the Welcome comes this late (pings are answered meanwhile)
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
         self._thread.start()
         assert self._ready.wait(10), "the fake service did not start"
@@ -85,6 +86,7 @@ class FakeService:
         except ConnectionClosed:  # a client that checked the upgrade and left
             return
         self.sessions.append(state)
+        await asyncio.sleep(self.welcome_delay_s)
         await ws.send(encode(self.welcome(state.hello)))
         async for frame in ws:
             message = decode_client_message(frame)

@@ -27,6 +27,10 @@ from typing import Callable, Sequence
 
 log = logging.getLogger(__name__)
 
+# The chat's session, and one a reconnect or new settings open before the old one has closed: the
+# service checks at start that this many KV caches fit this machine's memory (32, serve's default,
+# would refuse the default pair on a machine with less than 8 GB free).
+SESSIONS = 4
 READY_TIMEOUT_S = 900.0  # a cold torch start de-quantizes the target first (about 80 s here)
 MAX_RESTARTS = 3  # in a row without a stable minute between them
 STABLE_S = 60.0  # a service up this long resets the restart count
@@ -76,7 +80,7 @@ class EmbeddedService:
         # -P: never import a stray `app` package from the current directory
         return [sys.executable, "-P", "-m", "app.cli", "-v", "serve", "--target", self.target,
                 "--backend", self.backend, "--host", "127.0.0.1", "--port", str(self.port), "--exit-with-parent",
-                "--token-stdin", *self.thread_flags]
+                "--token-stdin", "--max-sessions", str(SESSIONS), *self.thread_flags]
 
     def launch(self) -> None:
         """Start the child without waiting for it (the caller can load the drafter meanwhile)."""

@@ -102,3 +102,13 @@ def test_a_token_without_tls_on_a_public_address_is_warned_about(tiny, tmp_path,
     assert warning not in _serve_log(tiny, "--host", "127.0.0.1", "--token-file", str(token))
     assert warning not in _serve_log(tiny, "--host", "0.0.0.0", "--token-file", str(token),
                                      "--tls-cert", str(tls_files["cert"]), "--tls-key", str(tls_files["key"]))
+
+
+def test_sessions_whose_kv_memory_cannot_fit_are_refused_at_start(tiny, capsys):
+    """--max-sessions whose KV caches need more memory than the machine has: serve stops at start
+    with a message naming --max-sessions and --max-context and how many would fit, instead of
+    meeting the OOM killer once the sessions come."""
+    assert main(["serve", "--target", str(tiny.target_gguf), "--port", "0", "--max-sessions", "10000000"]) == 2
+    err = capsys.readouterr().err
+    assert "refusing to start: --max-sessions 10000000 x --max-context 4096 need" in err, err
+    assert "lower --max-sessions (at most" in err and "or --max-context" in err
