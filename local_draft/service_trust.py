@@ -43,8 +43,26 @@ def frame_token_ids(frame: object) -> Sequence[int]:
     return ()
 
 
+MAX_SECONDS = 86400.0  # a timing a service reports: a day is already nonsense
+
+
+def _seconds(value: float) -> float:
+    """A duration the service reports, as one the client can add up: not NaN, infinite or negative."""
+    return value if 0.0 <= value <= MAX_SECONDS else 0.0  # NaN fails both comparisons
+
+
 def with_words_escaped(frame):
-    """`frame` with every free-text field a person may read escaped (the same frame when none changes)."""
+    """`frame` with every free-text field a person may read escaped, and its timings made numbers the
+    client can add up (the same frame when nothing changes)."""
+    if isinstance(frame, Verdict):
+        timings = (frame.forward_s, frame.accept_s, frame.queue_s)
+        if any(_seconds(each) != each for each in timings):
+            return msgspec.structs.replace(frame, forward_s=_seconds(frame.forward_s),
+                                           accept_s=_seconds(frame.accept_s), queue_s=_seconds(frame.queue_s))
+        return frame
+    if isinstance(frame, Generated) and (_seconds(frame.forward_s) != frame.forward_s
+                                         or _seconds(frame.queue_s) != frame.queue_s):
+        frame = msgspec.structs.replace(frame, forward_s=_seconds(frame.forward_s), queue_s=_seconds(frame.queue_s))
     if isinstance(frame, Welcome):
         return msgspec.structs.replace(frame, target=said_by_service(frame.target),
                                        session_id=said_by_service(frame.session_id),

@@ -15,6 +15,7 @@ import ssl
 import time
 from urllib.parse import urlsplit
 
+import msgspec
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidHandshake
 from websockets.protocol import State
 from websockets.sync.client import ClientConnection, connect
@@ -315,7 +316,12 @@ class VerifyClient:
         if reply_frame is None:
             reply_frame = self._wait_for_reply()
         self.bytes_received += len(reply_frame)
-        reply = decode_server_message(reply_frame)
+        try:
+            reply = decode_server_message(reply_frame)
+        except (msgspec.DecodeError, msgspec.ValidationError, TypeError, ValueError) as exc:
+            raise VerifyError("bad_frame_from_service", f"the verification service at {self.url} sent a frame "
+                              f"this client cannot read ({exc}): it is broken, or not a specwire service",
+                              fatal=True) from exc
         if isinstance(reply, Error):
             raise VerifyError(reply.code, reply.message, reply.fatal, reply.retry_after_s)
         if not isinstance(reply, expected):
