@@ -182,10 +182,11 @@ def _thrash(url: str, hello: bytes, history: int, vocab_size: int, connections: 
                     for tokens in histories:
                         seq += 1
                         ws.send(encode(Sync(seq=seq, tokens=tokens)))
-                        ws.recv(timeout=600)
+                        ws.recv(timeout=3600)
                         seq += 1
                         ws.send(encode(Verify(seq=seq, committed_len=len(tokens))))
-                        reply = decode_server_message(ws.recv(timeout=600))
+                        # fed in pieces that take turns, a prefill of the 1.5B on a CPU takes minutes
+                        reply = decode_server_message(ws.recv(timeout=3600))
                         if type(reply).__name__ != "Verdict":
                             print(f"thrash: {reply}", flush=True)
                             return
@@ -315,7 +316,10 @@ def run_shape(shape: str, target: Path, draft_path: Path, attackers: int, rounds
         stop.set()
         watching.set()
         for worker in workers:
-            worker.join(600)
+            worker.join(10)
+            if worker.is_alive():  # waiting on a prefill of its own: it has done its part
+                worker.terminate()
+                worker.join(10)
         report["attack_cycles"] = sent.value
         report["rss_peak_mib"] = max(peak) / MIB
         wait_until_closed(service, 120)

@@ -106,6 +106,10 @@ class _Item:
     ran_s: float = 0.0  # device time of its pieces run so far (not queueing)
 
 
+def _nothing() -> None:
+    """The work of an item whose client has gone."""
+
+
 class _Refused:
     """Work whose planning already failed: raises that error when run."""
 
@@ -226,7 +230,12 @@ class DeviceQueue:
     def _cut(self, item: _Item, limit: int) -> None:
         """Make `item` run a piece of at most `limit` prefill tokens now, its rest later (when it has more)."""
         work = item.work
-        if not isinstance(work, Shareable) or work.split is None:
+        if not isinstance(work, Shareable):
+            return
+        if item.future.cancelled():  # a round whose client is gone (the service cancels on close): not run
+            item.work, item.rest = _nothing, None
+            return
+        if work.split is None:
             return
         parts, error = _attempt(work.split, limit)
         if error is not None:  # the request is refused: its turn reports why
@@ -345,7 +354,8 @@ class DeviceQueue:
         del members, item, planned, error, results, value
 
     def _hand_back(self, item: _Item, result: Any, error: BaseException | None, started: float) -> None:
-        if item.rest is not None and error is None:  # a prefill piece ran: the rest waits for the next turn
+        if item.rest is not None and error is None and not item.future.cancelled():  # a prefill piece ran: the rest
+            # waits for the session's next turn (a cancelled one's rest is dropped: its client is gone)
             item.ran_s += time.perf_counter() - started
             self._put_back(item)
             return

@@ -20,6 +20,7 @@ vocab_offer.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http
 import logging
 import signal
@@ -341,7 +342,7 @@ class VerifyService:
                 arrived = time.perf_counter()
                 self._busy.add(session.id)
                 try:
-                    reply = await self._answer(session, frame, bucket, arrived, slog, stream)
+                    reply = await self._unless_closed(ws, self._answer(session, frame, bucket, arrived, slog, stream))
                     if reply is not None:  # a stream answers with its own frames
                         await ws.send(encode(reply))
                         idle.touch()
@@ -367,6 +368,23 @@ class VerifyService:
             self._streams.pop(session.id, None)
             await self._close_session(session)
             slog.info("closed after %d committed tokens", len(session.committed))
+
+    @staticmethod
+    async def _unless_closed(ws: ServerConnection, answering):
+        """The answer, or ConnectionClosed as soon as the client is gone: its work still queued (the
+        pieces of a long prefill, minutes of a CPU) is cancelled, not run for nobody."""
+        task = asyncio.ensure_future(answering)
+        closed = asyncio.ensure_future(ws.wait_closed())
+        try:
+            await asyncio.wait({task, closed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closed.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise ConnectionClosed(None, None)
+        return task.result()
 
     async def _answer(self, session: Session, frame: bytes | str, bucket: TokenBucket, arrived: float, slog,
                       stream: ServerOnlyStream):

@@ -326,3 +326,33 @@ def test_a_long_feed_alone_runs_whole(llamacpp_target):
         queue.shutdown()
         session.close()
     assert backend.passes == [[("p", 300)]]
+
+
+def test_the_pieces_of_a_cancelled_feed_stop(llamacpp_target):
+    """A 300-token prompt beside other sessions' rounds, cancelled (its client has gone) after its
+    first piece: no further piece runs for it."""
+    from wire.protocol import Verify
+
+    backend = RecordingBackend(llamacpp_target)
+    sessions = _sessions(backend, "px")
+    queue = DeviceQueue("test")
+    try:
+        async def main():
+            prompt = asyncio.ensure_future(queue.run("p", sessions["p"].verify_work(
+                Verify(seq=1, committed_len=0, append=[(3 * i) % 300 + 1 for i in range(300)]))))
+            for seq in range(1, 30):
+                held = len(sessions["x"].committed)
+                await queue.run("x", sessions["x"].verify_work(Verify(seq=seq, committed_len=held,
+                                                                      append=[] if held else [3, 4])))
+                if seq == 2:
+                    prompt.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await prompt
+
+        asyncio.run(main())
+    finally:
+        queue.shutdown()
+        for session in sessions.values():
+            session.close()
+    pieces = [tokens for members in backend.passes for name, tokens in members if name == "p"]
+    assert 1 <= len(pieces) <= 3 and sum(pieces) < 299, pieces

@@ -10,7 +10,7 @@ from websockets.sync.client import connect
 
 from local_draft.verify_client import VerifyClient, VerifyError
 from wire.protocol import (
-    SUBPROTOCOL, Error, Hello, Verdict, Verify, Welcome, decode_server_message, encode,
+    SUBPROTOCOL, Error, Hello, Sync, Verdict, Verify, Welcome, decode_server_message, encode,
 )
 from tests.conftest import RunningService, hello_for
 
@@ -299,4 +299,59 @@ def test_the_service_shrinks_a_pool_its_sessions_have_left_after_a_while(tiny, c
         assert stays.verify(Verify(seq=2, committed_len=3, draft=[5])).committed_len in (4, 5)  # moved, still works
         stays.close()
     finally:
+        running.close()
+
+
+def test_a_client_gone_mid_prefill_takes_no_more_device_time(llamacpp_target, close_draft):
+    """A client sends a 3,000-token prompt beside a busy neighbour (so it is fed in short pieces, each
+    made 50 ms long here) and hangs up: its session closes within seconds, not after the minute its
+    remaining pieces would have taken, and the neighbour goes on."""
+    import threading
+    import time
+
+    class SlowPasses:
+        def __init__(self, target):
+            self.target = target
+
+        def __getattr__(self, name):
+            return getattr(self.target, name)
+
+        def forward_many(self, passes):
+            time.sleep(0.05)
+            return self.target.forward_many(passes)
+
+    running = RunningService(SlowPasses(llamacpp_target))
+    stop, rounds = threading.Event(), [0]
+
+    def neighbour():
+        client = VerifyClient(running.url, hello_for(close_draft))
+        client.verify(Verify(seq=1, committed_len=0, append=[1, 2]))
+        seq = 1
+        while not stop.is_set():
+            seq += 1
+            client.sync(Sync(seq=seq, tokens=[1, 2]))
+            seq += 1
+            client.verify(Verify(seq=seq, committed_len=2))
+            rounds[0] += 1
+        client.close()
+
+    thread = threading.Thread(target=neighbour, daemon=True)
+    thread.start()
+    try:
+        with _raw(running.url) as ws:
+            ws.send(encode(hello_for(close_draft)))
+            ws.recv(timeout=10)
+            ws.send(encode(Verify(seq=1, committed_len=0, append=[(7 * i) % 300 + 1 for i in range(3000)])))
+            time.sleep(0.5)  # a few pieces run
+        gone = time.monotonic()
+        while len(running.service.sessions) > 1 and time.monotonic() - gone < 30:
+            time.sleep(0.05)
+        took = time.monotonic() - gone
+        before = rounds[0]
+        time.sleep(0.5)
+        assert took < 5, took
+        assert rounds[0] > before  # the neighbour goes on
+    finally:
+        stop.set()
+        thread.join(30)
         running.close()
