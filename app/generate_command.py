@@ -14,6 +14,7 @@ from app.tokenizer_source import load_tokenizer
 from app.threads_flags import add_draft_threads_argument
 from app.token_file import read_token_file
 from app.user_error import UserError
+from wire.visible_text import visible
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,6 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="layers of the draft model on the GPU (-1: all, 0: none)")
     add_draft_threads_argument(gen)
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, token ids and stats")
+    gen.add_argument("--raw", action="store_true",
+                     help="write the model's bytes as they are, control characters too (default: on a terminal, "
+                          "control characters are shown as symbols, so model output cannot act on the terminal)")
     gen.set_defaults(run=run_generate)
 
 
@@ -107,6 +111,8 @@ def run_generate(args: argparse.Namespace) -> int:
         memory.load_into(generator.controller)
     provenance_runs: list[list] = []  # [provenance, count] runs: which tokens were verified
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    # model text on a terminal: an escape sequence in a reply must not act on it (a pipe gets what was written)
+    shown = visible if sys.stdout.isatty() and not args.raw else str
 
     def stream(tokens: list[int], provenance: list[str]) -> None:
         for mark in provenance:
@@ -115,7 +121,7 @@ def run_generate(args: argparse.Namespace) -> int:
             else:
                 provenance_runs.append([mark, 1])
         if not args.json:
-            sys.stdout.write(decoder.decode(b"".join(draft.token_bytes(t) for t in tokens)))
+            sys.stdout.write(shown(decoder.decode(b"".join(draft.token_bytes(t) for t in tokens))))
             sys.stdout.flush()
 
     try:
@@ -138,7 +144,7 @@ def run_generate(args: argparse.Namespace) -> int:
             "k": "auto" if args.k is None else args.k, "provenance": provenance_runs, "stats": stats.as_dict(),
         }))
     else:
-        sys.stdout.write(decoder.decode(b"", final=True) + "\n")
+        sys.stdout.write(shown(decoder.decode(b"", final=True)) + "\n")
         print(f"[stopped at {result.stop_reason}: {stats.generated} tokens in {stats.wall_s:.2f} s, "
               f"{stats.rounds} rounds, {stats.verified_rounds} target passes, acceptance {stats.acceptance_rate:.2f}, "
               f"{stats.tokens_per_round:.2f} tokens/round, {stats.tokens_per_s:.1f} tokens/s"

@@ -6,10 +6,13 @@ and the chat start from the state saved last time, and save theirs after each re
 file is `$XDG_CACHE_HOME/specwire/adaptive-k.json` (default `~/.cache/specwire`), or the
 one `SPECWIRE_ADAPTIVE_STATE` names; a
 damaged or foreign entry is ignored (the controller starts from its priors), never an error.
+The target's name comes from the service (its Welcome, up to a frame's size): the key holds a
+hash of it, never the name.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -24,6 +27,7 @@ from local_draft.verify_client import LOOPBACK
 log = logging.getLogger(__name__)
 
 MAX_ENTRIES = 64  # services x pairs; the oldest are dropped beyond it
+MAX_FILE_BYTES = 1024 * 1024  # 64 entries are a few KB: a larger file is damaged, and ignored
 
 
 def memory_path() -> Path:
@@ -44,8 +48,9 @@ class ControllerMemory:
     """Load and save one controller's state under (service, draft model, target model)."""
 
     def __init__(self, url: str, draft_name: str, target_name: str, path: Path | None = None, mode: str = "rounds"):
-        # the round-based loop's key is the one it always had; the stream's controller keeps its own entry
-        self.key = f"{service_key(url)} | {draft_name} | {target_name}" + ("" if mode == "rounds" else f" | {mode}")
+        target = hashlib.sha256(target_name.encode("utf-8", "replace")).hexdigest()[:16]
+        # the round-based loop's key has no mode; the stream's controller keeps an entry of its own
+        self.key = f"{service_key(url)} | {draft_name} | target {target}" + ("" if mode == "rounds" else f" | {mode}")
         self.path = path or memory_path()
 
     def load_into(self, controller: AdaptiveK | StreamController) -> bool:
@@ -77,7 +82,13 @@ class ControllerMemory:
 
     def _read(self) -> dict:
         try:
-            entries = json.loads(self.path.read_text())
-        except (OSError, ValueError):
+            with open(self.path, "rb") as file:
+                data = file.read(MAX_FILE_BYTES + 1)
+            if len(data) > MAX_FILE_BYTES:
+                raise ValueError(f"{self.path} is larger than an adaptive-k state file")
+            entries = json.loads(data)
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: deeply nested brackets
+            if not isinstance(exc, FileNotFoundError):
+                log.info("ignoring the adaptive-k state file %s: %s", self.path, str(exc)[:200])
             return {}
         return entries if isinstance(entries, dict) else {}

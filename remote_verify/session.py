@@ -16,6 +16,11 @@ stream_drafts.py), keeps the guesses that equal the target's own pick and commit
 target's token after them. The target's pick at position n is its argmax (greedy) or the
 race of its warped distribution over the session's clocks for n (wire/sampling.py), the same
 whether a guess was there or not: a stream's text is a function of the seed alone.
+
+A long feed (a prompt, the history after a Sync) is prefilled in pieces when the device queue
+asks (`Shareable.split`, remote_verify/scheduler.py): the request is checked and its appended
+tokens taken into the history first, then each piece extends the cache, in a turn of its own,
+and the round itself comes last, as if the history had been sent before it.
 """
 
 from __future__ import annotations
@@ -26,10 +31,11 @@ import uuid
 from dataclasses import dataclass
 from functools import partial
 
+import msgspec
 import numpy as np
 
 from remote_verify.acceptance import accept_greedy, accept_sampled
-from remote_verify.backends.target import Pass, TargetBackend
+from remote_verify.backends.target import CacheFull, Pass, TargetBackend
 from remote_verify.memory import give_back_free_memory
 from remote_verify.pass_costs import PassCosts
 from remote_verify.scheduler import Planned, Shareable
@@ -72,7 +78,9 @@ class SessionError(Exception):
 
 class Session:
     def __init__(self, backend: TargetBackend, sampling: SamplingParams, seed: int | None,
-                 limits: SessionLimits):
+                 limits: SessionLimits, allocate: bool = True):
+        """`allocate=False`: the KV cache is allocated by `ensure_cache` (on the device thread), at
+        the latest by the first round: the service welcomes a client without waiting for a pool."""
         self.id = uuid.uuid4().hex[:12]
         self.backend = backend
         self.sampling = sampling
@@ -80,9 +88,11 @@ class Session:
         # Draws keyed by (seed, position): a rebuilt session repeats them, a later position never does.
         self.randomness = DecisionRandomness(seed)
         self.committed: list[int] = []
-        self.cache = backend.new_cache()
+        self.cache = backend.new_cache() if allocate else None
+        self._closed = False
         self.cached_len = 0  # positions in the cache
         self.last_seq = 0
+        self._prefill_s = 0.0  # forward seconds of the prefill pieces before the round in progress
 
     def verify(self, request: Verify) -> Verdict:
         """Verify one block in a pass of its own."""
@@ -91,25 +101,52 @@ class Session:
     def verify_work(self, request: Verify) -> Shareable:
         """The round as device work that may share a forward pass with other sessions' rounds."""
         return Shareable(self.backend, partial(self._plan_verify, request),
-                         lambda: len(self.committed) - self.cached_len + len(request.append) + len(request.draft))
+                         lambda: len(self.committed) - self.cached_len + len(request.append) + len(request.draft),
+                         split=partial(self._split_verify, request))
+
+    def _split_verify(self, request: Verify, limit: int) -> tuple[Shareable, Shareable] | None:
+        """Chunked prefill of a round: (a piece of at most `limit` history tokens, the round after it),
+        or None when the history the cache lacks is that short. The request is checked first, and its
+        appended tokens become history (the round that follows appends nothing)."""
+        if len(self.committed) - self.cached_len + len(request.append) - 1 <= limit:
+            return None
+        if request.append:
+            self._check_verify(request)
+            if not self.sampling.greedy:
+                self._checked_dists(request)
+            self.committed += list(request.append)
+            request = msgspec.structs.replace(request, committed_len=len(self.committed), append=[])
+        return self._prefill_work(limit), self.verify_work(request)
+
+    def _prefill_work(self, limit: int) -> Shareable:
+        """Up to `limit` committed tokens the cache lacks (never the last one: the next round feeds it)."""
+        def plan(so_far: PassSoFar | None = None) -> Planned:
+            self.ensure_cache()
+            feed = self.committed[self.cached_len:min(self.cached_len + limit, len(self.committed) - 1)]
+
+            def finish(result: np.ndarray, forward_s: float) -> None:
+                self.cached_len += len(feed)
+                self._prefill_s += forward_s
+
+            return Planned(Pass(self.cache, feed, 1, argmax_only=True), finish, self._undo)
+
+        return Shareable(self.backend, plan, lambda: min(limit, len(self.committed) - 1 - self.cached_len))
+
+    def ensure_cache(self) -> None:
+        """Allocate the KV cache if it is not yet (SessionError sessions_full when there is no memory)."""
+        if self.cache is not None or self._closed:
+            return
+        try:
+            self.cache = self.backend.new_cache()
+        except CacheFull as exc:
+            raise SessionError("sessions_full", f"the service has no KV memory for this session now ({exc}): "
+                               "reconnect in a few seconds, or use another replica", fatal=True) from exc
 
     def _plan_verify(self, request: Verify, so_far: PassSoFar | None = None) -> Planned:
         """Check the request and build its share of a pass; nothing changes until `finish`."""
-        self._check_seq(request.seq)
-        self._check_committed(request.committed_len)
-        # lengths before ids: a request over a limit is refused without reading what it holds
+        history = self._check_verify(request)
+        self.ensure_cache()
         k = len(request.draft)
-        if k > self.limits.max_draft:
-            raise SessionError("draft_too_long", f"draft of {k} tokens exceeds the limit of {self.limits.max_draft}")
-        history = len(self.committed) + len(request.append)
-        if history == 0:
-            raise SessionError("empty_context", "nothing to continue: append at least one prompt token (BOS)")
-        if history + k + 1 > self.limits.max_context:
-            raise SessionError(
-                "context_full",
-                f"{history} tokens + {k} drafted + 1 exceeds the context limit of {self.limits.max_context}")
-        self.check_tokens(request.append, "append")
-        self.check_tokens(request.draft, "draft")
         draft_dists = None if self.sampling.greedy else self._checked_dists(request)
         feed = self.committed[self.cached_len:] + list(request.append) + list(request.draft)
 
@@ -126,11 +163,31 @@ class Session:
             self.cached_len = len(self.committed) - 1
             self.backend.truncate(self.cache, self.cached_len)
             self.last_seq = request.seq
+            forward_s, self._prefill_s = forward_s + self._prefill_s, 0.0  # the round's pieces count as its pass
             return Verdict(seq=request.seq, accepted=accepted, token=token,
                            committed_len=len(self.committed),
                            forward_s=forward_s, accept_s=time.perf_counter() - started)
 
         return Planned(Pass(self.cache, feed, k + 1, argmax_only=self.sampling.greedy), finish, self._undo)
+
+    def _check_verify(self, request: Verify) -> int:
+        """Refuse a round that cannot run (SessionError); the length of its history before the draft."""
+        self._check_seq(request.seq)
+        self._check_committed(request.committed_len)
+        # lengths before ids: a request over a limit is refused without reading what it holds
+        k = len(request.draft)
+        if k > self.limits.max_draft:
+            raise SessionError("draft_too_long", f"draft of {k} tokens exceeds the limit of {self.limits.max_draft}")
+        history = len(self.committed) + len(request.append)
+        if history == 0:
+            raise SessionError("empty_context", "nothing to continue: append at least one prompt token (BOS)")
+        if history + k + 1 > self.limits.max_context:
+            raise SessionError(
+                "context_full",
+                f"{history} tokens + {k} drafted + 1 exceeds the context limit of {self.limits.max_context}")
+        self.check_tokens(request.append, "append")
+        self.check_tokens(request.draft, "draft")
+        return history
 
     def _undo(self) -> None:
         """Drop what a failed pass may have left in the cache past the committed prefix."""
@@ -175,7 +232,15 @@ class Session:
         def tokens() -> int:  # what the pass must feed, for the queue's token budget: guesses fill what is left
             return len(self.committed) - self.cached_len
 
-        return Shareable(self.backend, partial(self._plan_stream_pass, drafts, stop_ids, room, costs), tokens)
+        work = Shareable(self.backend, partial(self._plan_stream_pass, drafts, stop_ids, room, costs), tokens)
+        work.split = partial(self._split_stream, work)
+        return work
+
+    def _split_stream(self, work: Shareable, limit: int) -> tuple[Shareable, Shareable] | None:
+        """Chunked prefill before a stream's pass: (a piece, the same pass after it), or None."""
+        if len(self.committed) - self.cached_len - 1 <= limit:
+            return None
+        return self._prefill_work(limit), work
 
     def _guesses(self, drafts: StreamDrafts | None, stop_ids: frozenset[int], room: int) -> tuple[list[int], str]:
         """The pending guesses a pass may verify: within the limits, and none after a stop token."""
@@ -191,6 +256,7 @@ class Session:
 
     def _plan_stream_pass(self, drafts: StreamDrafts | None, stop_ids: frozenset[int], room: int,
                           costs: PassCosts | None, so_far: PassSoFar | None = None) -> Planned:
+        self.ensure_cache()
         started = time.perf_counter()
         so_far = so_far if so_far is not None else PassSoFar()
         position = len(self.committed)  # of the first guess, and of the target's token if there is none
@@ -219,6 +285,7 @@ class Session:
             self.backend.truncate(self.cache, self.cached_len)
             if drafts is not None:
                 drafts.after_pass(position, block, accepted)
+            forward_s, self._prefill_s = forward_s + self._prefill_s, 0.0  # its prefill pieces count as its pass
             return StreamStep(made, min(accepted, len(made)), len(block), source if block else "", started,
                               forward_s, so_far.tokens, so_far.sessions)
 
@@ -246,7 +313,8 @@ class Session:
         while common < limit and self.committed[common] == request.tokens[common]:
             common += 1
         common = min(common, max(len(request.tokens) - 1, 0))
-        self.backend.truncate(self.cache, common)
+        if self.cache is not None:
+            self.backend.truncate(self.cache, common)
         self.cached_len = common
         self.committed = list(request.tokens)
         self.last_seq = request.seq  # a Sync starts a new run of sequence numbers
@@ -260,6 +328,7 @@ class Session:
         if release is not None and self.cache is not None:
             release(self.cache)
         self.cache = None
+        self._closed = True
         give_back_free_memory()
 
     def _check_committed(self, committed_len: int) -> None:

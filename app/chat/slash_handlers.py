@@ -24,6 +24,7 @@ from app.chat.stats_table import stats_table
 from app.chat.store import ChatInUse, ChatNotFound, ChatSummary, in_use
 from app.chat.widgets.prompt_input import PromptInput
 from app.generation_flags import parse_k
+from wire.visible_text import escaped, without_controls
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +185,9 @@ class SlashHandlers:
             if which >= len(blocks):
                 raise ValueError(f"the last reply has {len(blocks)} code block{'s' if len(blocks) > 1 else ''}")
             text = blocks[which]
-        # OSC 52: the terminal puts it on the system clipboard; nothing says whether it did
+        # OSC 52: the terminal puts it on the system clipboard; nothing says whether it did. Pasted into a
+        # terminal, an escape sequence of the model's would run there: control characters stay behind
+        text = without_controls(text)
         self.screen.app.copy_to_clipboard(text)
         what = "the last reply" if which is None else "a code block"
         self.screen.add_notice(f"copied {what} ({len(text):,} characters) to the terminal's clipboard (OSC 52). "
@@ -228,8 +231,8 @@ def chat_list(summaries: list[ChatSummary], current: str | None) -> str:
     lines = [f"{'#':>3}  {'ID':{width}}  {'STARTED':16}  TURNS  FIRST MESSAGE"]
     for number, s in enumerate(summaries, 1):
         where = " (this chat)" if s.id == current else " (open elsewhere)" if in_use(s.path) else ""
-        lines.append(f"{number:>3}  {s.id:{width}}  {s.created[:16].replace('T', ' '):16}  {s.turns:5d}  "
-                     f"{s.title[:50]}{where}")
+        lines.append(f"{number:>3}  {escaped(s.id):{width}}  {escaped(s.created[:16]).replace('T', ' '):16}  "
+                     f"{s.turns:5d}  {escaped(s.title[:50])}{where}")
     lines += ["", "/chats open N|ID continues one · /chats delete N|ID removes one"]
     return "\n".join(lines)
 

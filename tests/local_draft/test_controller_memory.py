@@ -51,7 +51,13 @@ def test_keys_separate_services_and_pairs(tmp_path):
                                      '{"KEY": {"accepted": [1, 2], "draft_token_s": [1, 1], "wire_s": [1, 1], '
                                      '"verify": [1, 2, 3], "last_choice": 4}}',
                                      '{"KEY": {"accepted": [NaN, 2], "draft_token_s": [1, 1], "wire_s": [1, 1], '
-                                     '"verify": [1, 2, 3, 4, 5], "last_choice": 4}}'])
+                                     '"verify": [1, 2, 3, 4, 5], "last_choice": 4}}',
+                                     # a 400-digit integer: float() raises OverflowError, which crashed every start
+                                     '{"KEY": {"accepted": [' + "9" * 400 + ', 2], "draft_token_s": [1, 1], '
+                                     '"wire_s": [1, 1], "verify": [1, 2, 3, 4, 5], "last_choice": 4}}',
+                                     "[" * 100_000 + "]" * 100_000,  # nested past the recursion limit
+                                     "{}" + " " * (2 << 20)],  # larger than any state file
+                         ids=["not-json", "a-list", "short-pair", "short-verify", "nan", "400-digits", "deep", "huge"])
 def test_a_damaged_file_is_ignored(tmp_path, content):
     """A file that is not a saved state leaves the controller at its priors, without an error."""
     memory = ControllerMemory("ws://h:1", "d", "t", path=tmp_path / "k.json")
@@ -62,6 +68,17 @@ def test_a_damaged_file_is_ignored(tmp_path, content):
     assert controller.state() == before
     memory.save(trained())  # and it is replaced by a good one
     assert memory.load_into(AdaptiveK())
+
+
+def test_the_key_holds_a_hash_of_the_targets_name_not_the_name(tmp_path):
+    """The target's name is the service's to choose (up to a frame): the file keys it by a short hash."""
+    path = tmp_path / "k.json"
+    long_name = "evil\x1b]52;c;aGk=\x07" + "x" * (4 << 20)
+    memory = ControllerMemory("ws://h:1", "d.gguf", long_name, path=path)
+    memory.save(trained())
+    assert path.stat().st_size < 4096 and "evil" not in path.read_text()
+    assert memory.load_into(AdaptiveK())
+    assert not ControllerMemory("ws://h:1", "d.gguf", "other", path=path).load_into(AdaptiveK())
 
 
 def test_the_file_follows_the_cache_conventions(monkeypatch, tmp_path):

@@ -222,7 +222,9 @@ def test_two_authorization_headers_get_400_and_are_counted(llamacpp_target, capl
                 answer += chunk
         assert answer.startswith(b"HTTP/1.1 400"), answer
         assert b"2 Authorization headers" in answer
-        with urllib.request.urlopen(running.url.replace("ws://", "http://") + "/metrics", timeout=5) as metrics:
+        scrape = urllib.request.Request(running.url.replace("ws://", "http://") + "/metrics",
+                                        headers={"Authorization": "Bearer s3cret"})  # behind the token
+        with urllib.request.urlopen(scrape, timeout=5) as metrics:
             assert 'specwire_refusals_total{reason="bad_request"} 1.0' in metrics.read().decode()
     finally:
         running.close()

@@ -400,8 +400,11 @@ async def test_retry_copy_and_edit_act_on_the_last_reply(chat_settings, tiny_ser
         assert len(app.engine.conversation.turns[1].reply.provenance) == 16
         assert [_plain(u.query_one(".body")) for u in screen.query(UserTurn)] == ["first question", "second question"]
 
+        app.engine.conversation.turns[1].reply.pieces.append(" \x1b]52;c;aGk=\x07\x9b2J end")  # as a model may write
         await send(pilot, "/copy")
-        assert app.clipboard == app.engine.conversation.turns[1].reply.text.strip()
+        copied = app.engine.conversation.turns[1].reply.text.strip()
+        assert app.clipboard == copied.replace("\x1b", "").replace("\x07", "").replace("\x9b", "")
+        assert "\x1b" not in app.clipboard and app.clipboard.endswith("]52;c;aGk=2J end")
         assert "OSC 52" in _plain(screen.query(Notice).last())
         await send(pilot, "/copy code")
         assert "no code block" in _plain(screen.query(Notice).last()) and prompt.text == "/copy code"
