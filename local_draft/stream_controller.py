@@ -39,7 +39,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from wire.cost_curve import interpolate
+from wire.cost_curve import curve_seconds
 from wire.protocol import PassCost
 
 MEMORY = 0.85  # weight of the past per frame: a rate follows a change in the text within ~7 frames
@@ -131,7 +131,7 @@ class StreamController:
 
     def seconds(self, tokens: int) -> float | None:
         """The service's c(tokens), from its Welcome (None if it did not state it)."""
-        return interpolate(sorted((p.tokens, p.ms / 1000) for p in self.curve), tokens) if self.curve else None
+        return curve_seconds(self.curve, tokens)
 
     @property
     def interference(self) -> float:
@@ -150,7 +150,9 @@ class StreamController:
         best = 1.0
         for b in range(1, self.longest_block() + 1):
             cost = self.seconds(1 + b) * self.interference
-            found = b if guess_s is None else min(b, cost / guess_s)  # guesses the drafter can have ready
+            if cost <= 0:  # a curve that says a pass costs nothing says nothing a gain can be read from
+                return math.inf
+            found = b if not guess_s else min(b, cost / guess_s)  # guesses the drafter can have ready
             best = max(best, (sum(a ** i for i in range(int(found) + 1)) + (found % 1) * a ** (int(found) + 1))
                        * step / cost)
         return best

@@ -7,6 +7,7 @@ way, here.
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 from wire.protocol import PassCost
@@ -29,6 +30,22 @@ def interpolate(points: list[tuple[int, float]], tokens: int) -> float | None:
     return s1 + max(0.0, (s1 - s0) / (n1 - n0)) * (tokens - n1)
 
 
+MAX_POINTS = 64  # a measured curve has a dozen sizes; the rest of a longer one is not read
+MAX_PASS_MS = 3_600_000.0  # a pass that takes an hour is already nonsense
+
+
+def curve_points(curve: Sequence[PassCost]) -> list[tuple[int, float]]:
+    """A Welcome's curve as (tokens, seconds) points to interpolate: sorted, one per size, and
+    only points that can be a pass (a size of 1 or more; a finite time, 0 to an hour). A
+    service states it; a broken or hostile one must not make the client divide by zero."""
+    points: dict[int, float] = {}
+    for point in curve[:MAX_POINTS]:
+        if point.tokens >= 1 and math.isfinite(point.ms) and 0.0 <= point.ms <= MAX_PASS_MS:
+            points.setdefault(point.tokens, point.ms / 1000)
+    return sorted(points.items())
+
+
 def curve_seconds(curve: Sequence[PassCost], tokens: int) -> float | None:
-    """c(tokens) from a Welcome's curve (the client's view of the same function)."""
-    return interpolate(sorted((point.tokens, point.ms / 1000) for point in curve), tokens)
+    """c(tokens) from a Welcome's curve (the client's view of the same function); None when it
+    states no usable point."""
+    return interpolate(curve_points(curve), tokens)

@@ -115,3 +115,22 @@ def test_a_drafter_that_slows_the_service_on_its_machine_stops_being_worth_a_pro
         assert not controller.drafting
     controller.observe_frame(1, 0.060, False, forward_s=0.060, pass_tokens=1)
     assert controller.drafting  # then one probe, in case the machine has changed
+
+
+@pytest.mark.parametrize("curve", [
+    [PassCost(tokens=1, ms=5.0), PassCost(tokens=2, ms=5.5), PassCost(tokens=2, ms=9.0)],  # a size twice
+    [PassCost(tokens=0, ms=5.0), PassCost(tokens=-4, ms=1.0), PassCost(tokens=3, ms=6.0)],  # no such sizes
+    [PassCost(tokens=1, ms=float("nan")), PassCost(tokens=2, ms=float("inf")), PassCost(tokens=4, ms=-1.0)],
+    [PassCost(tokens=1, ms=0.0), PassCost(tokens=2, ms=0.0)],  # passes that cost nothing
+], ids=["duplicate-size", "sizes-below-one", "not-finite-or-negative", "all-zero"])
+def test_a_curve_a_broken_service_states_neither_crashes_nor_steers_the_drafter(curve):
+    """A Welcome's curve is read point by point: a duplicate size, a size below one, a time that is
+    not a finite duration are dropped, and a curve that says passes cost nothing gives no gain to act
+    on (the controller probes and measures), where it divided by zero before."""
+    controller = StreamController(curve=curve)
+    gain = controller.possible_gain(0.9)
+    assert gain >= 1.0
+    for n in (1, 2, 5, 40):
+        seconds = controller.seconds(n)
+        assert seconds is None or 0.0 <= seconds < 3600
+    frames(controller, 3 * MIN_FRAMES, 1, 0.0055)  # the stream goes on, whatever the curve said
