@@ -1,9 +1,9 @@
 """The device's cost curve c(n): what a forward pass of n tokens costs, as measured here.
 
-Measured a few times at start (`calibrate`: passes of 1 to 16 tokens on a scratch cache,
-after the model is loaded) and kept current from every real pass afterwards (`observe`,
-by the pass's total tokens, with exponential forgetting: a busy neighbour on a shared
-machine, or a warmer GPU, shows within a few dozen passes). Between measured sizes the
+Measured at start (`calibrate`: passes of 1 to 16 tokens on a scratch cache, after the
+model is loaded, the median of a few runs of each) and kept current from every real pass
+afterwards (`observe`, by the pass's total tokens, with exponential forgetting: a busy
+neighbour on a shared machine, or a warmer GPU, shows within a few dozen passes). Between measured sizes the
 curve is interpolated, past the largest it grows along its last slope, so any n has a cost.
 
 Two readers: a stream's block choice (how many of a client's draft tokens a pass should
@@ -16,6 +16,7 @@ every token, which is why the same controller drafts there so much less.
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
 import weakref
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 MEMORY = 0.9  # weight of the past per observation of a size: about ten passes
 CALIBRATION_SIZES = (1, 2, 4, 8, 16)  # blocks of up to 16 tokens cover a stream's drafts
 CALIBRATION_CONTEXT = 32  # tokens cached before the timed passes, as in a short prompt
+CALIBRATION_RUNS = 3  # timed runs of each size after its first: their median is recorded
 REPORTED_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the points a Welcome carries
 
 class PassCosts:
@@ -61,17 +63,23 @@ class PassCosts:
         return [PassCost(tokens=n, ms=round(self.seconds(n) * 1000, 4)) for n in sizes]
 
     def calibrate(self, backend) -> None:
-        """Time passes of CALIBRATION_SIZES tokens after a short context, twice each (the first run
-        of a shape pays for allocations). On the device thread, before sessions are taken."""
+        """Time passes of CALIBRATION_SIZES tokens after a short context: each size once unrecorded
+        (the first run of a shape pays for allocations), then CALIBRATION_RUNS times, and the median
+        recorded (a neighbour that took the cores for one run does not make the curve). On the device
+        thread, before sessions are taken."""
         cache = backend.new_cache()
         try:
             backend.forward(cache, [backend.bos_id] * CALIBRATION_CONTEXT, 1)
-            for _ in range(2):
+            runs: dict[int, list[float]] = {size: [] for size in CALIBRATION_SIZES}
+            for turn in range(1 + CALIBRATION_RUNS):
                 for size in CALIBRATION_SIZES:
                     started = time.perf_counter()
                     backend.forward(cache, [backend.bos_id] * size, 1)
-                    self.observe(size, time.perf_counter() - started)
+                    if turn:
+                        runs[size].append(time.perf_counter() - started)
                     backend.truncate(cache, CALIBRATION_CONTEXT)
+            for size, seconds in runs.items():
+                self.observe(size, statistics.median(seconds))
         finally:
             release = getattr(backend, "release", None)
             if release is not None:

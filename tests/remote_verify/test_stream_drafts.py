@@ -120,3 +120,34 @@ def test_guesses_fill_what_the_pass_budget_leaves(llamacpp_target):
     assert len(planned.share.tokens) == 1 + 3
     planned.undo()
     session.close()
+
+
+def test_calibration_records_a_typical_pass_not_a_cold_or_disturbed_one():
+    """The curve a Welcome carries is what clients decide to draft by: the first pass of each size
+    (allocations) and one run taken by a neighbour must not make it. A stand-in backend whose
+    passes take scripted times (a real one cannot be disturbed on cue): each size's first run
+    costs 20x, one later run 10x; the recorded cost is the typical one."""
+    import time as clock
+
+    class ScriptedBackend:
+        bos_id = 1
+
+        def __init__(self):
+            self.runs: dict[int, int] = {}
+
+        def new_cache(self):
+            return object()
+
+        def forward(self, cache, tokens, n_logits):
+            n = len(tokens)
+            run = self.runs[n] = self.runs.get(n, 0) + 1
+            typical = 0.002 * n
+            clock.sleep(typical * (20 if run == 1 else 10 if run == 3 else 1))
+
+        def truncate(self, cache, length):
+            pass
+
+    costs = PassCosts()
+    costs.calibrate(ScriptedBackend())
+    for n in (1, 2, 4, 8, 16):
+        assert costs.seconds(n) < 0.002 * n * 3, (n, costs.seconds(n))
