@@ -26,23 +26,28 @@ FORWARD_DELAY_S = 0.6
 
 
 class SlowTarget:
-    """The real target, with every forward pass taking FORWARD_DELAY_S longer."""
+    """The real target, with every forward pass taking FORWARD_DELAY_S longer once the service is
+    up (its start-up passes, which time the cost curve, run at the target's own speed, uncounted)."""
 
     def __init__(self, target):
         self._target = target
         self.forwards = 0
+        self.armed = False
 
     def __getattr__(self, name):
         return getattr(self._target, name)
 
+    def _slow(self) -> None:
+        if self.armed:
+            time.sleep(FORWARD_DELAY_S)
+            self.forwards += 1
+
     def forward(self, cache, tokens, n_logits):
-        time.sleep(FORWARD_DELAY_S)
-        self.forwards += 1
+        self._slow()
         return self._target.forward(cache, tokens, n_logits)
 
     def forward_many(self, passes):  # the service's path: its rounds may share a pass
-        time.sleep(FORWARD_DELAY_S)
-        self.forwards += 1
+        self._slow()
         return self._target.forward_many(passes)
 
 
@@ -66,6 +71,7 @@ def test_a_client_that_vanishes_mid_round_frees_its_session(llamacpp_target, clo
     and the next client is served."""
     slow = SlowTarget(llamacpp_target)
     running = RunningService(slow)
+    slow.armed = True
     try:
         ws = open_session(running.url, close_draft)
         assert len(running.service.sessions) == 1
@@ -87,7 +93,9 @@ def test_a_client_that_vanishes_mid_round_frees_its_session(llamacpp_target, clo
 def test_shutdown_finishes_rounds_in_flight_then_says_going_away(llamacpp_target, close_draft):
     """stop() (what SIGTERM calls): /healthz turns 503 "draining", new sessions get 503, an idle
     session is closed with 1001 at once, and a session mid-round gets its verdict first, then 1001."""
-    running = RunningService(SlowTarget(llamacpp_target))
+    slow = SlowTarget(llamacpp_target)
+    running = RunningService(slow)
+    slow.armed = True
     health = running.url.replace("ws://", "http://") + "/healthz"
     idle = open_session(running.url, close_draft)
     busy = open_session(running.url, close_draft)
