@@ -99,5 +99,9 @@ def costs_for(backend) -> PassCosts:
         costs = _CURVES.get(backend)
         if costs is None:
             costs = _CURVES[backend] = PassCosts()
-            costs.calibrate(backend)
+            try:
+                costs.calibrate(backend)
+            except Exception as exc:  # no memory for a scratch cache, say: the real passes will measure it
+                log.warning("could not time the pass costs at start (%s: %s): they are learned from the first "
+                            "passes instead", type(exc).__name__, exc)
         return costs
