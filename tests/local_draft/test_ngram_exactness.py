@@ -89,7 +89,8 @@ def test_greedy_ngram_and_mixed_drafting_are_token_identical_to_the_target(llama
 @pytest.mark.parametrize("drafting", ["ngram", "mixed"])
 def test_generate_with_ngram_drafts_on_the_command_line_matches_the_target(llamacpp_service, close_draft, tiny,
                                                                           prompts, drafting):
-    """`generate --draft ngram` (and `--mix-ngram`) `--seed 7 --temperature 0` gives the target-alone tokens."""
+    """`generate --draft ngram` (and `--mix-ngram`) `--seed 7 --temperature 0` gives the target-alone tokens,
+    in the round-based mode and in the default one."""
     # A repeating prompt as text a user could type (its ids may differ at the seams once retyped),
     # and the target's own output for it, with n-gram drafts accepted in-process.
     client = VerifyClient(llamacpp_service.url, hello_for(close_draft))
@@ -106,16 +107,17 @@ def test_generate_with_ngram_drafts_on_the_command_line_matches_the_target(llama
     assert typed is not None, "no repeating prompt typed as text gets n-gram drafts"
     how = (["--draft", "ngram", "--tokenizer", str(tiny.draft)] if drafting == "ngram"
            else ["--draft", str(tiny.draft), "--mix-ngram"])
-    run = subprocess.run(
-        [sys.executable, "-m", "app.cli", "generate", *how,
-         "--server", llamacpp_service.url, "--prompt", typed, "--max-tokens", str(MAX_TOKENS),
-         "--temperature", "0", "--seed", "7", "--json"], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    result = json.loads(run.stdout)
-    assert result["token_ids"] == expected
-    assert result["drafting"] == drafting
-    if drafting == "ngram":  # (mixed copies only where it beats the close drafter: not always here)
-        assert result["stats"]["by_source"]["ngram"]["accepted"] > 0, result["stats"]
+    for mode in ("rounds", "hybrid"):  # hybrid, the default, guesses only while that pays: exactness alone
+        run = subprocess.run(
+            [sys.executable, "-m", "app.cli", "generate", *how, "--mode", mode,
+             "--server", llamacpp_service.url, "--prompt", typed, "--max-tokens", str(MAX_TOKENS),
+             "--temperature", "0", "--seed", "7", "--json"], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        result = json.loads(run.stdout)
+        assert result["token_ids"] == expected, mode
+        assert result["drafting"] == drafting
+        if drafting == "ngram" and mode == "rounds":  # (mixed copies only where it beats the close drafter)
+            assert result["stats"]["by_source"]["ngram"]["accepted"] > 0, result["stats"]
 
 
 def test_generate_with_draft_ngram_and_no_service_is_a_clear_error(tiny):

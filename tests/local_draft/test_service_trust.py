@@ -49,7 +49,7 @@ def test_an_out_of_range_verdict_ends_generate_with_an_error_naming_the_service(
     message); now it exits 2 with a line naming the service and the bad id."""
     fake = FakeService(bad_verdict_after(0))
     try:
-        for mode in (["--k", "2"], ["--k", "0"]):
+        for mode in (["--mode", "rounds", "--k", "2"], ["--mode", "rounds", "--k", "0"]):
             run = generate(fake.url, tiny, *mode)
             err = run.stderr.decode()
             assert run.returncode == 2, (run.returncode, err[-2000:])
@@ -59,7 +59,7 @@ def test_an_out_of_range_verdict_ends_generate_with_an_error_naming_the_service(
 
 
 def test_an_out_of_range_stream_token_is_refused_before_it_is_shown(tiny, close_draft):
-    """Server-only mode: a Generated frame with a bad id raises a fatal VerifyError; the tokens
+    """Server-only and default mode: a Generated frame with a bad id raises a fatal VerifyError; the tokens
     streamed before it were committed (kept), the bad one never was."""
     def answer(message, state):
         if isinstance(message, Generate):
@@ -77,8 +77,9 @@ def test_an_out_of_range_stream_token_is_refused_before_it_is_shown(tiny, close_
         assert error.value.fatal and error.value.code == "bad_token_from_service"
         assert "token id -1 is outside" in str(error.value) and fake.url in str(error.value)
         assert kept == [5]
-        run = generate(fake.url, tiny, "--mode", "server")
-        assert run.returncode == 2 and b"sent a Generated with token id -1" in run.stderr, run.stderr[-2000:]
+        for mode in (["--mode", "server"], []):  # the default mode streams too, with guesses alongside
+            run = generate(fake.url, tiny, *mode)
+            assert run.returncode == 2 and b"sent a Generated with token id -1" in run.stderr, run.stderr[-2000:]
     finally:
         client.close()
         fake.close()

@@ -15,24 +15,26 @@ PROMPT_TOKENS = 40  # 4 s to read it, with a stall timeout of 0.5 s
 
 class SlowPrefillTarget:
     """The real target, taking SECONDS_PER_PROMPT_TOKEN for every token of a long forward pass
-    (a large model reading a prompt on a CPU); the rounds after it are fast."""
+    (a large model reading a prompt on a CPU); the rounds after it are fast. Armed once the service
+    is up: its start-up passes, which time the cost curve, run at the target's own speed."""
 
     def __init__(self, target):
         self._target = target
         self.slow_forwards = 0
+        self.armed = False
 
     def __getattr__(self, name):
         return getattr(self._target, name)
 
     def forward(self, cache, tokens, n_logits):
-        if len(tokens) > 8:
+        if self.armed and len(tokens) > 8:
             time.sleep(SECONDS_PER_PROMPT_TOKEN * len(tokens))
             self.slow_forwards += 1
         return self._target.forward(cache, tokens, n_logits)
 
     def forward_many(self, passes):  # the service's path: its rounds may share a pass
         longest = max(len(each.tokens) for each in passes)
-        if longest > 8:
+        if self.armed and longest > 8:
             time.sleep(SECONDS_PER_PROMPT_TOKEN * longest)
             self.slow_forwards += 1
         return self._target.forward_many(passes)
@@ -43,6 +45,7 @@ def test_a_prompt_the_service_reads_slowly_is_verified_not_taken_for_a_lost_serv
     0.5 s stall timeout; the service answers pings meanwhile, so the round is waited for and verified."""
     slow = SlowPrefillTarget(llamacpp_target)
     running = RunningService(slow)
+    slow.armed = True
     link = ServiceLink(running.url, hello_for(close_draft), stall_timeout_s=0.5)
     prompt = close_draft.tokenize("def quicksort(arr):\n    " * 8)[:PROMPT_TOKENS]
     assert len(prompt) == PROMPT_TOKENS
