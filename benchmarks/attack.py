@@ -251,7 +251,7 @@ def start_shape(target, args: tuple, processes: int = 1):
 def honest_rounds(url: str, draft_path: Path, prompts, references, rounds: int, k: int, max_tokens: int,
                   deadline_s: float) -> dict:
     """One honest session generating greedily until `rounds` rounds or `deadline_s`: its round trips."""
-    from benchmarks.load import TimedClient, hello_for, percentiles
+    from benchmarks.session_wave import TimedClient, hello_for, percentiles
     from local_draft.draft_model import DraftModel
     from local_draft.speculator import Speculator
     from wire.protocol import SamplingParams
@@ -279,7 +279,7 @@ def honest_rounds(url: str, draft_path: Path, prompts, references, rounds: int, 
 def run_shape(shape: str, target: Path, draft_path: Path, attackers: int, rounds: int, churn_sessions: int = 7,
               k: int = 4, max_tokens: int = 32, deadline_s: float = 600.0, service_args: tuple[str, ...] = ()) -> dict:
     """The honest session quiet, then beside `attackers` of `shape`; the service's memory after."""
-    from benchmarks.load import MIB, PROMPTS, Service, hello_for, reference_continuations, wait_until_closed
+    from benchmarks.session_wave import MIB, PROMPTS, Service, hello_for, reference_continuations, wait_until_closed
     from local_draft.draft_model import DraftModel
 
     service = Service(target, "llamacpp", max_sessions=32, pinned=True, extra_args=service_args)

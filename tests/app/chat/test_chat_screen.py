@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import threading
+import unicodedata
 
 import pytest
 from rich.console import Console
@@ -403,7 +404,8 @@ async def test_retry_copy_and_edit_act_on_the_last_reply(chat_settings, tiny_ser
         app.engine.conversation.turns[1].reply.pieces.append(" \x1b]52;c;aGk=\x07\x9b2J end")  # as a model may write
         await send(pilot, "/copy")
         copied = app.engine.conversation.turns[1].reply.text.strip()
-        assert app.clipboard == copied.replace("\x1b", "").replace("\x07", "").replace("\x9b", "")
+        # every control character but tab and newline stays behind (the tiny model writes some too)
+        assert app.clipboard == "".join(c for c in copied if c in "\t\n" or not unicodedata.category(c) == "Cc")
         assert "\x1b" not in app.clipboard and app.clipboard.endswith("]52;c;aGk=2J end")
         assert "OSC 52" in _plain(screen.query(Notice).last())
         await send(pilot, "/copy code")
