@@ -74,8 +74,12 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2, help="cli: generate processes at once (default: %(default)s)")
     parser.add_argument("--same-as", choices=["cli", "library", "replay"],
                         help="run this path on the same seeds too and count the seeds whose first token differs")
-    parser.add_argument("--models", type=Path, help="tiny models made by `specwire models tiny DIR` (default: made now)")
+    parser.add_argument("--models", type=Path,
+                        help="tiny models made by `specwire models tiny DIR` (default: made now)")
     parser.add_argument("--save", type=Path, help="write {seed: token ids} of every run here (JSON)")
+    parser.add_argument("--blocks", type=int, metavar="SIZE",
+                        help="also split the run into blocks of SIZE seeds and summarise the likeliest token's z "
+                             "across them (independent samples: mean 0, standard deviation 1)")
     args = parser.parse_args()
     if args.unseeded and args.same_as:
         parser.error("--same-as compares seeded runs: unseeded ones cannot be repeated")
@@ -93,6 +97,8 @@ def main() -> None:
             firsts = run_path(experiment, args.path, seeds, args.jobs, args.save)
             print(f"# {args.path}: {len(seeds)} generations in {time.perf_counter() - started:.0f} s")
             print_table(experiment.p, seeds, firsts, args.path, ranged=not (args.unseeded or args.random_seeds))
+            if args.blocks:
+                print_blocks(experiment.p, seeds, firsts, args.blocks)
             if args.same_as:
                 other = run_path(experiment, args.same_as, seeds, args.jobs, None)
                 differ = [seed for seed, a, b in zip(seeds, firsts, other) if a != b]
@@ -209,10 +215,11 @@ def run_path(experiment: Experiment, path: str, seeds: Sequence[int | None], job
              save: Path | None) -> list[int]:
     """Every seed's first generated token on `path`."""
     run: Run = getattr(experiment, path)
+    if path != "replay":
+        experiment.serve()  # before the workers: they share one service
     done: list[list[int]] = []
-    workers = jobs if path == "cli" else 1  # the library and the replay hold one drafter
-    with ThreadPoolExecutor(workers) as pool:
-        for i, tokens in enumerate(pool.map(run, seeds), start=1):
+    with ThreadPoolExecutor(jobs) as pool:  # processes run side by side; this process's paths, one at a time
+        for i, tokens in enumerate(pool.map(run, seeds) if path == "cli" else map(run, seeds), start=1):
             done.append(tokens)
             if path != "replay" and i % 500 == 0:
                 print(f"  {path}: {i} of {len(seeds)}", file=sys.stderr, flush=True)
@@ -244,6 +251,24 @@ def print_table(p: np.ndarray, seeds: Sequence[int | None], firsts: Sequence[int
         print(f"| {label} | {n:,} | {observed:.4f} | {p[likeliest]:.4f} | {100 * (observed - p[likeliest]):+.2f} "
               f"| {(observed - p[likeliest]) / sd:+.2f} | {chi_square_pvalue(counts, p):.3f} "
               f"| {100 * z_power * sd:.2f} | {100 * detectable_shift(p, n):.2f} |")
+
+
+def print_blocks(p: np.ndarray, seeds: Sequence[int | None], firsts: Sequence[int], size: int) -> None:
+    """The likeliest token's z in each block of `size` consecutive runs: how far the first block
+    stands from the others (a property of its seeds if it stands alone)."""
+    likeliest = int(np.argmax(p))
+    hits = np.asarray(firsts[: len(firsts) // size * size]).reshape(-1, size) == likeliest  # (blocks, size)
+    z = (hits.mean(axis=1) - p[likeliest]) / np.sqrt(p[likeliest] * (1 - p[likeliest]) / size)  # (blocks,)
+    if z.size < 2:
+        print(f"# --blocks {size}: fewer than two blocks in {len(firsts)} runs")
+        return
+    from scipy import stats
+
+    critical = stats.norm.ppf(1 - ALPHA / 2)
+    print(f"\n# {z.size} blocks of {size:,} runs: the likeliest token's z has mean {z.mean():+.2f} and standard "
+          f"deviation {z.std(ddof=1):.2f}; |z| > {critical:.2f} (p < {ALPHA}) in {int((np.abs(z) > critical).sum())}; "
+          f"the first block (from seed {seeds[0]}): z {z[0]:+.2f}, rank {int((np.abs(z) >= abs(z[0])).sum())} "
+          f"of {z.size} by |z|; the smallest z {z.min():+.2f}, the largest {z.max():+.2f}")
 
 
 if __name__ == "__main__":
