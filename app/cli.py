@@ -11,6 +11,7 @@ import logging
 import sys
 
 from app import demo, generate_command, models_command, proxy_command, serve_command
+from app.api import command as api_command
 from app.bench import command as bench_command
 from app.chat import arguments as chat_command
 from app.user_error import UserError
@@ -23,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in (models_command, serve_command, demo, generate_command, proxy_command, bench_command,
-                    chat_command):
+                    chat_command, api_command):
         command.register(sub)
     return parser
 

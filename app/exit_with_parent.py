@@ -1,6 +1,7 @@
 """`specwire serve --exit-with-parent`: stop when the process that started us is gone.
 
-The parent gives the service a pipe as standard input and never writes to it. When the
+The parent gives the service a pipe as standard input and writes nothing to it but, with
+`--token-stdin`, the token's line (read before this watcher starts). When the
 parent exits for any reason (a normal exit, a crash, SIGKILL) the kernel closes its end,
 the read here returns end-of-file, and the service stops as if sent SIGTERM (cleanly,
 closing its sessions). A pipe works on every POSIX system and, unlike Linux's

@@ -14,6 +14,7 @@ from app.tokenizer_source import load_tokenizer
 from app.threads_flags import add_draft_threads_argument
 from app.token_file import read_token_file
 from app.user_error import UserError
+from wire.visible_text import visible
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,9 +31,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="ws://HOST:PORT of a verification service (default: %(default)s)")
     where.add_argument("--offline", action="store_true", help="draft model alone, no verification "
                        "(the same as --mode offline)")
-    gen.add_argument("--mode", choices=["hybrid", "server", "offline"], default="hybrid",
-                     help="hybrid: draft here, verify there (default); server: the service generates alone "
-                          "and streams (no draft model runs); offline: the draft model alone")
+    gen.add_argument("--mode", choices=["hybrid", "rounds", "server", "offline"], default="hybrid",
+                     help="hybrid: the service streams the target's tokens and verifies the drafter's guesses "
+                          "as they arrive (default); rounds: draft a block, wait for its verdict, repeat; "
+                          "server: the service generates alone and streams (no draft model runs); offline: "
+                          "the draft model alone")
     gen.add_argument("--token-file", default=env("SPECWIRE_TOKEN_FILE"))
     gen.add_argument("--ca-file", default=env("SPECWIRE_CA_FILE"),
                      help="CA certificates to trust for a wss:// service (default: the system's)")
@@ -41,11 +44,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_sampling_arguments(gen)
     add_k_argument(gen)
     gen.add_argument("--no-pipeline", dest="pipeline", action="store_false",
-                     help="do not draft the next block while a verdict is in flight")
+                     help="--mode rounds: do not draft the next block while a verdict is in flight")
     gen.add_argument("--draft-gpu-layers", type=int, default=-1,
                      help="layers of the draft model on the GPU (-1: all, 0: none)")
     add_draft_threads_argument(gen)
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, token ids and stats")
+    gen.add_argument("--raw", action="store_true",
+                     help="write the model's bytes as they are, control characters too (default: on a terminal, "
+                          "control characters are shown as symbols, so model output cannot act on the terminal)")
     gen.set_defaults(run=run_generate)
 
 
@@ -55,12 +61,17 @@ def run_generate(args: argparse.Namespace) -> int:
     from local_draft.server_only import ServerOnlyGenerator
     from local_draft.service_link import LinkState, ServiceLink
     from local_draft.speculator import Speculator
+    from local_draft.stream_speculator import StreamSpeculator
     from local_draft.verify_client import ServiceUnreachable, VerifyError
+    from wire.randomness import fresh_seed
 
     params = sampling_params(args)
     mode = "offline" if args.offline else args.mode
     how = drafting(args)  # "model", "mixed" or "ngram"
-    if how == "ngram" and mode != "hybrid":
+    # A streamed reply's draws are keyed by its seed, which the drafter needs too (to guess them):
+    # one is made here when none is given, and the service gets it in the handshake.
+    seed = args.seed if args.seed is not None or mode != "hybrid" else fresh_seed()
+    if how == "ngram" and mode not in ("hybrid", "rounds"):
         raise UserError(f"--draft ngram drafts for a service to verify: it cannot run in --mode {mode} "
                         "(no model to generate offline; --mode server needs no drafter)")
     if how == "ngram":  # no model at all: a vocabulary to tokenize with
@@ -78,7 +89,7 @@ def run_generate(args: argparse.Namespace) -> int:
     link = None
     if mode != "offline":
         try:
-            link = ServiceLink(args.server, draft.hello(params, seed=args.seed, client="specwire generate"),
+            link = ServiceLink(args.server, draft.hello(params, seed=seed, client="specwire generate"),
                                token=read_token_file(args.token_file), ca_file=args.ca_file, on_state=report_link)
         except (ServiceUnreachable, VerifyError) as exc:
             raise UserError(f"{exc}" + ("" if how == "ngram" else " (or run with --offline)")) from exc
@@ -86,17 +97,22 @@ def run_generate(args: argparse.Namespace) -> int:
     prompt = draft.tokenize(args.prompt)
     if mode == "server":
         generator = ServerOnlyGenerator(link, draft.end_ids)
-    else:
+    elif mode == "hybrid":
         # a service lost with no model (--draft ngram) ends the run with an error, at once
-        generator = Speculator(draft, link, params, k=args.k, seed=args.seed, pipeline=args.pipeline,
+        generator = StreamSpeculator(draft, link, params, seed=seed, max_block=args.k, drafting=how,
+                                     end_ids=draft.end_ids)
+    else:
+        generator = Speculator(draft, link, params, k=args.k, seed=seed, pipeline=args.pipeline,
                                drafting=how, end_ids=draft.end_ids)
     memory = None
-    if mode == "hybrid":  # adaptive k starts from what it learned last time with this service and pair
+    if mode in ("hybrid", "rounds"):  # the controller starts from what it learned last time with this service and pair
         drafter = "ngram" if how == "ngram" else draft.path.name
-        memory = ControllerMemory(args.server, drafter, link.welcome.target)
+        memory = ControllerMemory(args.server, drafter, link.welcome.target, mode=mode)
         memory.load_into(generator.controller)
     provenance_runs: list[list] = []  # [provenance, count] runs: which tokens were verified
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    # model text on a terminal: an escape sequence in a reply must not act on it (a pipe gets what was written)
+    shown = visible if sys.stdout.isatty() and not args.raw else str
 
     def stream(tokens: list[int], provenance: list[str]) -> None:
         for mark in provenance:
@@ -105,7 +121,7 @@ def run_generate(args: argparse.Namespace) -> int:
             else:
                 provenance_runs.append([mark, 1])
         if not args.json:
-            sys.stdout.write(decoder.decode(b"".join(draft.token_bytes(t) for t in tokens)))
+            sys.stdout.write(shown(decoder.decode(b"".join(draft.token_bytes(t) for t in tokens))))
             sys.stdout.flush()
 
     try:
@@ -123,11 +139,12 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "text": text, "token_ids": result.token_ids, "prompt_tokens": len(prompt),
-            "stop_reason": result.stop_reason, "mode": mode, "drafting": how if mode == "hybrid" else None,
+            "stop_reason": result.stop_reason, "mode": mode,
+            "drafting": how if mode in ("hybrid", "rounds") else None,
             "k": "auto" if args.k is None else args.k, "provenance": provenance_runs, "stats": stats.as_dict(),
         }))
     else:
-        sys.stdout.write(decoder.decode(b"", final=True) + "\n")
+        sys.stdout.write(shown(decoder.decode(b"", final=True)) + "\n")
         print(f"[stopped at {result.stop_reason}: {stats.generated} tokens in {stats.wall_s:.2f} s, "
               f"{stats.rounds} rounds, {stats.verified_rounds} target passes, acceptance {stats.acceptance_rate:.2f}, "
               f"{stats.tokens_per_round:.2f} tokens/round, {stats.tokens_per_s:.1f} tokens/s"

@@ -36,8 +36,10 @@ def k_flag(text: str) -> int | None:
 
 def add_k_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     parser.add_argument("--k", type=k_flag, default=None, metavar="N|auto",
-                        help="draft tokens per round: a number (0: the service makes every token) or auto "
-                             "(chosen each round from measured acceptance and costs; default)")
+                        help="how many tokens to draft: auto (default: by measured acceptance and costs, none "
+                             "where drafting does not pay) or a number (0: none, the service makes every "
+                             "token); the guesses kept ahead of the stream, or with --mode rounds the draft "
+                             "tokens per round")
 
 
 NGRAM = "ngram"  # --draft ngram: draft by copying the context, no model

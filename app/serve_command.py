@@ -16,7 +16,7 @@ import ssl
 from pathlib import Path
 
 from app.model_paths import resolve_model
-from app.token_file import read_token_file
+from app.token_file import read_token_file, read_token_line
 from app.threads_flags import add_service_threads_argument
 from app.user_error import UserError
 from wire.limits import BATCH_TOKENS, ServiceLimits
@@ -24,6 +24,9 @@ from wire.limits import BATCH_TOKENS, ServiceLimits
 log = logging.getLogger(__name__)
 
 DEFAULTS = ServiceLimits()
+CLEARTEXT_WARNING = ("WARNING: listening on %s with a token but without TLS: every client sends the token in the "
+                     "clear, and anyone on the path can read it and the conversations. Give --tls-cert and "
+                     "--tls-key, or terminate TLS in front of the service (a proxy, a mesh)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,6 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=int, default=int(env("SPECWIRE_PORT", "8765")), help="0 picks a free port")
     serve.add_argument("--token-file", default=env("SPECWIRE_TOKEN_FILE"),
                        help="file holding the bearer token clients must send")
+    serve.add_argument("--token-stdin", action="store_true",
+                       help="read the bearer token from the first line of standard input (a program starting "
+                            "the service keeps the token off the command line; with --exit-with-parent the pipe "
+                            "then stays open)")
     serve.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
                        help="score a verified block with the bits of its tokens decoded one at a time, so "
                        "greedy output equals the target alone even at near-ties (default: on for llamacpp, "
@@ -74,6 +81,9 @@ def add_service_arguments(serve: argparse.ArgumentParser) -> None:
                         help="the certificate's private key")
     access.add_argument("--insecure-no-auth", action="store_true",
                         help="allow a non-loopback --host without --token-file (another layer must authenticate)")
+    access.add_argument("--public-metrics", action="store_true",
+                        help="serve /metrics without the bearer token (default: behind it when --token-file is "
+                             "given; for a scraper that cannot send one, on a network only it reaches)")
     limits = serve.add_argument_group("limits (a request or connection over a limit is refused, "
                                       "with a message and a retry hint)")
     limits.add_argument("--max-frame-bytes", type=int, default=DEFAULTS.max_frame_bytes,
@@ -87,6 +97,14 @@ def add_service_arguments(serve: argparse.ArgumentParser) -> None:
                         "(default: %(default)s)")
     limits.add_argument("--rate-burst", type=int, default=DEFAULTS.rate_burst,
                         help="requests per connection in a burst (default: %(default)s)")
+    limits.add_argument("--max-sessions-per-client", type=int, default=DEFAULTS.max_sessions_per_client,
+                        metavar="N", help="sessions one client address may hold; 0: half of --max-sessions (behind a "
+                        "proxy every client has its address: set --max-sessions); loopback clients are not counted "
+                        "(default: %(default)s)")
+    limits.add_argument("--handshake-rate", type=float, default=DEFAULTS.handshake_rate_per_s, metavar="PER_SECOND",
+                        help="new sessions a second per client address, sustained (default: %(default)s)")
+    limits.add_argument("--handshake-burst", type=int, default=DEFAULTS.handshake_burst,
+                        help="new sessions per client address in a burst (default: %(default)s)")
     limits.add_argument("--retry-after", type=float, default=DEFAULTS.retry_after_s, metavar="SECONDS",
                         help="the retry hint sent with a refused connection (default: %(default)s)")
     limits.add_argument("--drain-timeout", type=float, default=DEFAULTS.drain_timeout_s, metavar="SECONDS",
@@ -97,11 +115,14 @@ def add_service_arguments(serve: argparse.ArgumentParser) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     from remote_verify.access import exposure_problem, is_loopback, server_tls_context
-    from remote_verify.backends import load_backend
+    from remote_verify.backends.factory import load_backend
     from remote_verify.logs import escape_log_messages, use_json_logs
-    from remote_verify.server import ServiceConfig, TargetLoadError, VerifyService
+    from remote_verify.server import ServiceConfig, SettingsRefused, TargetLoadError, VerifyService
     from remote_verify.session import SessionLimits
 
+    if args.token_stdin and args.token_file:
+        raise UserError("--token-stdin and --token-file both give the token: give one")
+    token = read_token_line() if args.token_stdin else read_token_file(args.token_file)  # before the watcher reads stdin
     if args.exit_with_parent:
         from app.exit_with_parent import exit_with_parent
 
@@ -109,15 +130,18 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.log_format == "json":
         use_json_logs()
     escape_log_messages()  # a client's text never starts a line of its own in the log
-    token = read_token_file(args.token_file)
     problem = exposure_problem(args.host, token, args.insecure_no_auth)
     if problem:
         raise UserError(problem)
     if token is None and not is_loopback(args.host):
         log.warning("listening on %s with no token (--insecure-no-auth): every client is accepted", args.host)
+    if token is not None and not is_loopback(args.host) and not (args.tls_cert or args.tls_key):
+        log.warning(CLEARTEXT_WARNING, args.host or "every interface")
     limits = ServiceLimits(max_frame_bytes=args.max_frame_bytes, max_sessions=args.max_sessions,
                            idle_timeout_s=args.idle_timeout, rate_per_s=args.rate, rate_burst=args.rate_burst,
-                           retry_after_s=args.retry_after, drain_timeout_s=args.drain_timeout)
+                           retry_after_s=args.retry_after, drain_timeout_s=args.drain_timeout,
+                           max_sessions_per_client=args.max_sessions_per_client,
+                           handshake_rate_per_s=args.handshake_rate, handshake_burst=args.handshake_burst)
     problems = limits.problems()
     if problems:
         raise UserError("; ".join(problems))
@@ -137,7 +161,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UserError(f"no target model at {target}")
     config = ServiceConfig(host=args.host, port=args.port, token=token, tls=tls,
                            limits=SessionLimits(max_draft=args.max_draft, max_context=args.max_context),
-                           service_limits=limits, batch_tokens=args.batch_tokens)
+                           service_limits=limits, batch_tokens=args.batch_tokens, public_metrics=args.public_metrics)
     service = VerifyService(lambda: load_backend(args.backend, target, device=args.device, threads=args.threads,
                                                  batch_threads=args.batch_threads,
                                                  batch_invariant=args.batch_invariant, torch_static=args.torch_static,
@@ -149,6 +173,8 @@ def run_serve(args: argparse.Namespace) -> int:
     log.info("loading the target %s (/healthz answers 503 until it is ready)", target)
     try:
         asyncio.run(service.run(announce))
+    except SettingsRefused as exc:
+        raise UserError(f"refusing to start: {exc}") from exc
     except TargetLoadError as exc:
         raise UserError(f"cannot load the target {target}: {exc}") from exc
     except OSError as exc:

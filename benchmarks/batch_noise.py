@@ -65,7 +65,7 @@ def default_target() -> str:
 def print_noise(backend_name: str, target: str, block: int, mode: str, invariant: bool) -> None:
     from local_draft.draft_model import DraftModel
     from models.registry import get_pair, require_file
-    from remote_verify.backends import load_backend
+    from remote_verify.backends.factory import load_backend
 
     pair = get_pair()
     backend = load_backend(backend_name, target, device="cpu", batch_invariant=invariant)

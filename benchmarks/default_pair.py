@@ -1,4 +1,4 @@
-"""Default-pair numbers for the README: acceptance by prompt kind, service memory, time to ready.
+"""Default-pair numbers for docs/results.md: acceptance by prompt kind, service memory, time to ready.
 
     .venv/bin/python -m benchmarks.default_pair [--backends llamacpp,torch] [--ks 4,8] [--cold]
 

@@ -24,7 +24,12 @@ depends on shapes, not values. bfloat16 on CUDA, float32 on the CPU.
   between kernels; the tiny target's peaked logits (tests/) are where exactness is tested.
 - --draft GGUF (the drafter): ms per drafted token with llama.cpp on the GPU beside the CPU.
 
-Prints a table and writes DIR/gpu.json (DIR: benchmarks/results/gpu-<device>).
+Prints a table and writes DIR/gpu.json (DIR: benchmarks/results/gpu-<device>), and the
+measurements as device profiles for the emulator (benchmarks/emulation/profiles.py), in the
+shipped profiles' format, marked `measured = true`: DIR/profile-<model>-fast.toml and
+-eager.toml (each pass of 1 to 17 tokens, then the batched rounds as passes of their total
+tokens), and with --draft DIR/profile-drafter-gpu.toml (and -cpu): copy them into
+benchmarks/emulation/profiles/ to calibrate the emulated figures against the real thing.
 """
 
 from __future__ import annotations
@@ -144,7 +149,7 @@ def median_ms(repeats: int, *runs) -> list[float]:
 
 
 def measure_model(name: str, device: torch.device, args) -> dict:
-    from remote_verify.backends import Pass
+    from remote_verify.backends.target import Pass
     from remote_verify.backends.torch_static import StaticEngine
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -232,7 +237,7 @@ def measure_model(name: str, device: torch.device, args) -> dict:
 
 def graph_difference(model, engine, prompt, rng, args) -> float:
     """Largest |logit| difference between the graphed forward and the same forward run eagerly."""
-    from remote_verify.backends import Pass
+    from remote_verify.backends.target import Pass
     from remote_verify.backends.torch_static import StaticEngine
 
     plain = StaticEngine(model, slots=1, context=engine.context, cuda_graphs=False)
@@ -250,7 +255,8 @@ def graph_difference(model, engine, prompt, rng, args) -> float:
 
 
 def measure_drafter(path: Path, repeats: int) -> dict:
-    """ms per drafted token (greedy, 16 a block) with llama.cpp on the GPU and on the CPU."""
+    """ms per drafted token (greedy, 16 a block) and per token of a 256-token prompt read at
+    once, with llama.cpp on the GPU and on the CPU."""
     import llama_cpp
 
     from local_draft.draft_model import DraftModel
@@ -269,9 +275,55 @@ def measure_drafter(path: Path, repeats: int) -> dict:
             draft.propose(context, 16, SamplingParams(), rng)
             draft.rollback(len(context))
 
+        prompt = (context * 64)[:256]
+
+        def read():
+            draft.keep_up(prompt)
+            draft.rollback(0)
+
         result[f"{where}_ms_per_token"] = median_ms(repeats, block)[0] / 16
+        result[f"{where}_prefill_ms_per_token"] = median_ms(repeats, read)[0] / len(prompt)
         del draft
     return result
+
+
+def write_profiles(report: dict, out: Path) -> list[Path]:
+    """The measurements as emulator profiles (benchmarks/emulation/profiles.py's format)."""
+    written = []
+    device = report["device"]
+    for m in report["models"]:
+        for path_name, column, round_column in (("fast", "fast_ms", "fast_round_ms"),
+                                                ("eager", "eager_ms", "eager_round_ms")):
+            points = {r["block"]: r[column] for r in m["blocks"]}
+            # a batched round is a pass of its sessions' tokens: their per-session costs are in it
+            points.update({r["sessions"] * report["block"]: r[round_column] for r in m["batched"]
+                           if r["sessions"] * report["block"] not in points})
+            lines = [f'name = "measured-{m["model"]}-{path_name}"', 'kind = "target"', "measured = true",
+                     f'description = "{device}, a {m["model"]} Qwen2.5 shape ({m["dtype"]}), the torch backend\'s '
+                     f'{path_name} path, {m["context"]} tokens cached"',
+                     "pass_ms = [" + ", ".join(f"[{n}, {ms:.4f}]" for n, ms in sorted(points.items())) + "]",
+                     "session_ms = 0.0  # inside the batched points", "context_ms_per_ktoken = 0.0  # not measured",
+                     "", "[sources]",
+                     f'pass_ms = "python -m benchmarks.gpu on {device}, torch {report["torch"]}: passes of 1 to '
+                     f'{max(r["block"] for r in m["blocks"])} tokens, and batched rounds of {report["block"]} tokens a '
+                     f'session as passes of their total"',
+                     'session_ms = "folded into the batched points"', 'context_ms_per_ktoken = "not measured"']
+            path = out / f"profile-{m['model']}-{path_name}.toml"
+            path.write_text("\n".join(lines) + "\n")
+            written.append(path)
+    drafter = report.get("drafter")
+    for where in ("gpu", "cpu"):
+        if drafter and drafter.get(f"{where}_ms_per_token"):
+            path = out / f"profile-drafter-{where}.toml"
+            path.write_text("\n".join([
+                f'name = "measured-drafter-{where}"', 'kind = "drafter"', "measured = true",
+                f'description = "{Path(drafter["draft"]).name} with llama.cpp on the {where.upper()} of {device}"',
+                f'token_ms = {drafter[f"{where}_ms_per_token"]:.4f}',
+                f'prefill_ms_per_token = {drafter[f"{where}_prefill_ms_per_token"]:.4f}', "", "[sources]",
+                f'token_ms = "python -m benchmarks.gpu --draft: 16-token greedy blocks"',
+                f'prefill_ms_per_token = "python -m benchmarks.gpu --draft: a 256-token prompt read at once"']) + "\n")
+            written.append(path)
+    return written
 
 
 def table(report: dict) -> str:
@@ -340,8 +392,9 @@ def main(argv: list[str] | None = None) -> dict:
     out = args.out or Path(__file__).parent / "results" / f"gpu-{device.type}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu.json").write_text(json.dumps(report, indent=1))
+    profiles = write_profiles(report, out)
     print(table(report))
-    print(f"\nwrote {out / 'gpu.json'}")
+    print(f"\nwrote {out / 'gpu.json'}" + "".join(f"\nwrote {path} (an emulator profile)" for path in profiles))
     return report
 
 

@@ -220,8 +220,8 @@ class AdaptiveK:
             pairs = [[float(x) for x in state[name]] for name in ("accepted", "draft_token_s", "wire_s", "step_s")]
             verify = [float(x) for x in state["verify"]]
             last_choice = int(state["last_choice"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"not an adaptive-k state: {exc}") from None
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:  # OverflowError: a 400-digit number
+            raise ValueError(f"not an adaptive-k state: {type(exc).__name__}: {str(exc)[:200]}") from None
         numbers = [x for pair in pairs for x in pair] + verify
         if (any(len(pair) != 2 or pair[1] < 0 for pair in pairs) or len(verify) != 5
                 or any(x != x or abs(x) == float("inf") for x in numbers)):

@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 from llama_cpp._utils import suppress_stdout_stderr  # noqa: E402
 
 from wire.protocol import Hello, SamplingParams, SparseDist, vocab_fingerprint  # noqa: E402
-from wire.sampling import sample, truncate, warp  # noqa: E402
+from wire.sampling import race_choice_sparse, sample, truncate, warp  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +136,19 @@ class DraftModel:
         self._check_room(context, k)
         self._catch_up(context)
         return self._draft(k, params, rng, cap, should_stop)
+
+    def guess(self, context: Sequence[int], params: SamplingParams, clocks: np.ndarray | None) -> int:
+        """The draft's guess at the target's token after `context`, in a stream: its argmax
+        (greedy), or the winner of the race of its own distribution (truncated as on the wire)
+        over `clocks`, the race's clocks at that position (wire/sampling.py `race_choice`), which
+        picks the target's token as often as the two distributions allow. The cache then holds
+        `context`, so the next guess evaluates one token."""
+        self._check_room(context, 1)
+        self._catch_up(context)
+        logits = self._last_logits()
+        if params.greedy:
+            return int(np.argmax(logits))
+        return race_choice_sparse(truncate(warp(logits, params), WIRE_TOP_K_CAP), clocks)
 
     def draft_ahead(self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator,
                     should_stop: Callable[[], bool]) -> tuple[int | None, list[int], list[SparseDist]]:

@@ -7,8 +7,10 @@ when the cache lacks it: `$XDG_CACHE_HOME/specwire/vocab/FINGERPRINT-SHA256.gguf
 `~/.cache/specwire/vocab/`), keyed by the vocabulary fingerprint and the file's own hash, so
 services with one vocabulary share one file and a file is never half-written under its name
 (written beside it, then renamed). A download is checked twice: its sha256 against the one
-the service states, and its vocabulary (loaded by llama.cpp) against the fingerprint the
-service checks every Hello against.
+the service states, and the file itself in Python before llama.cpp ever parses it
+(vocab_file_check.py: only what a tokenizer needs, every length bounded), its fingerprint
+computed from the token list validated there and compared with the one the service checks
+every Hello against. A cached file is validated again before it is handed out.
 
     path = fetch_vocab("wss://gpu-host:8765", token, "ca.pem")
     tokenizer = DraftModel(path, vocab_only=True)   # tokenize, detokenize, chat template, Hello
@@ -27,7 +29,9 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from local_draft.verify_client import VerifyError, tls_context
+from local_draft.service_trust import said_by_service
+from local_draft.verify_client import VerifyError, tls_context, warn_if_cleartext
+from local_draft.vocab_file_check import VocabFileRefused, checked_vocab_file
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +45,11 @@ _FINGERPRINT = re.compile(r"[0-9a-f]{32}")  # wire.protocol.vocab_fingerprint: 3
 
 
 class RemoteVocabError(RuntimeError):
-    """The service's vocabulary could not be had; the message says why and what to do."""
+    """The service's vocabulary could not be had; the message says why and what to do (the service's
+    own words in it escaped, as everything a service says)."""
+
+    def __init__(self, message: str):
+        super().__init__(said_by_service(message))
 
 
 def vocab_cache_dir() -> Path:
@@ -65,10 +73,11 @@ def fetch_vocab(server_url: str, token: str | None = None, ca_file: str | None =
     except VerifyError as exc:  # an unreadable CA file
         raise RemoteVocabError(str(exc)) from exc
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    warn_if_cleartext(server_url, token)
     info = _checked_info(_get(base + INFO_PATH, headers, context, server_url), server_url)
     folder = Path(cache_dir) if cache_dir is not None else vocab_cache_dir()
     path = folder / f"{info['vocab_fingerprint']}-{info['sha256']}.gguf"
-    if path.is_file() and _sha256_of(path) == info["sha256"]:
+    if path.is_file() and _sha256_of(path) == info["sha256"] and _cached_is_valid(path, info["vocab_fingerprint"]):
         log.info("the service's vocabulary is cached at %s", path)
         return path
     data, stated = _download(base + FILE_PATH, headers, context, server_url, info["bytes"])
@@ -89,13 +98,26 @@ def _http_base(server_url: str) -> str:
     return f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}"  # a path: a proxy's prefix for the service
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows no redirect: urllib would send the bearer token on to the new host (https to http too)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        raise urllib.error.HTTPError(req.full_url, code, f"redirected to {newurl}", headers, fp)
+
+
 def _get(url: str, headers: dict, context, server_url: str):
     """An open HTTP response for `url`, or a RemoteVocabError saying why there is none."""
     request = urllib.request.Request(url, headers=headers)
+    opener = urllib.request.build_opener(_NoRedirects(), urllib.request.HTTPSHandler(context=context))
     try:
-        return urllib.request.urlopen(request, timeout=TIMEOUT_S, context=context)
+        return opener.open(request, timeout=TIMEOUT_S)
     except urllib.error.HTTPError as exc:
-        body = exc.read(2000).decode("utf-8", "replace").strip()
+        if 300 <= exc.code < 400:
+            raise RemoteVocabError(f"the service at {server_url} redirected {urlsplit(url).path} to "
+                                   f"{said_by_service(exc.headers.get('Location', '?'))} (HTTP {exc.code}): refused, "
+                                   "the token is sent to the service's own address only; give that address "
+                                   "with --server if it is the service") from exc
+        body = said_by_service(exc.read(2000).decode("utf-8", "replace").strip())
         if exc.code == 401:
             raise RemoteVocabError(f"the service at {server_url} refused the token: {body} "
                                    "(give the service's token with --token-file)") from exc
@@ -144,7 +166,7 @@ def _download(url: str, headers: dict, context, server_url: str, size: int) -> t
 
 
 def _store(data: bytes, path: Path, fingerprint: str, server_url: str) -> None:
-    """Write the file beside `path`, check llama.cpp reads the stated vocabulary from it, then rename."""
+    """Write the file beside `path`, validate it (its token list must be the stated vocabulary), then rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, partial = tempfile.mkstemp(prefix=path.name + ".", suffix=".partial", dir=path.parent)
     try:
@@ -163,12 +185,20 @@ def _store(data: bytes, path: Path, fingerprint: str, server_url: str) -> None:
 
 
 def _fingerprint_of(path: Path, server_url: str) -> str:
-    from local_draft.draft_model import DraftModel, DraftModelError  # llama.cpp loads only here
-
+    """The fingerprint of the token list the file holds, once the file is validated (llama.cpp is not involved)."""
     try:
-        return DraftModel(path, vocab_only=True).vocab_fingerprint
-    except DraftModelError as exc:
-        raise RemoteVocabError(f"the vocabulary file from {server_url} does not load in llama.cpp: {exc}") from exc
+        return checked_vocab_file(path)
+    except VocabFileRefused as exc:
+        raise RemoteVocabError(f"the vocabulary file from {server_url} is refused: {exc}; it is not given to "
+                               "llama.cpp (use a local model file instead: --tokenizer MODEL.gguf)") from exc
+
+
+def _cached_is_valid(path: Path, fingerprint: str) -> bool:
+    try:
+        return checked_vocab_file(path) == fingerprint
+    except VocabFileRefused as exc:
+        log.warning("the cached vocabulary %s is refused (%s): fetching it again", path, exc)
+        return False
 
 
 def _sha256_of(path: Path) -> str:

@@ -49,12 +49,14 @@ OnState = Callable[[LinkState], None]
 class ServiceLink:
     def __init__(self, url: str, hello: Hello, token: str | None = None, ca_file: str | None = None,
                  on_state: OnState | None = None, backoff: Backoff = Backoff(),
-                 stall_timeout_s: float = 10.0):
+                 stall_timeout_s: float = 10.0, prove_service: bool = False):
         self.url = url
         self.on_state = on_state
-        # A handshake that hangs is a stall too: one timeout for both.
+        # A handshake that hangs is a stall too: one timeout for both. prove_service: every
+        # connection, reconnects too, first checks the service holds the token (VerifyClient)
         self._connect_args = dict(url=url, hello=hello, token=token, ca_file=ca_file,
-                                  open_timeout_s=stall_timeout_s, stall_timeout_s=stall_timeout_s)
+                                  open_timeout_s=stall_timeout_s, stall_timeout_s=stall_timeout_s,
+                                  prove_service=prove_service)
         self._backoff = backoff
         self._lock = threading.Lock()
         self._closed = threading.Event()

@@ -9,18 +9,23 @@ in flight; websockets reads frames on its own thread meanwhile. Byte counts are 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import ssl
 import time
 from urllib.parse import urlsplit
 
+import msgspec
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidHandshake
 from websockets.protocol import State
 from websockets.sync.client import ClientConnection, connect
 
+from local_draft.service_trust import frame_token_ids, said_by_service, token_id_problem, with_words_escaped
+from wire.service_proof import CHALLENGE_HEADER, PROOF_HEADER, new_challenge, proves
 from wire.protocol import (
     SUBPROTOCOL,
     Cancel,
+    Draft,
     Error,
     Generate,
     Generated,
@@ -41,6 +46,9 @@ SECONDS_PER_NEW_TOKEN = 0.05  # a generous CPU prefill rate for a 1.5B target
 # queue): it is waited for up to this rate, slower than any target we run, so that a hung forward
 # pass is still found out in the end.
 SLOWEST_SECONDS_PER_NEW_TOKEN = 1.0
+# A Welcome is waited for like a verdict: past the stall timeout the service is asked whether it is
+# alive, and waited for up to this long while it answers (many clients arriving together, a loaded host).
+SLOWEST_WELCOME_S = 120.0
 CLOSE_TIMEOUT_S = 2.0  # a live service answers a close at once; do not wait on a dead one
 RATE_LIMIT_RETRIES = 3  # a rate-limited request is sent again after the service's hint, this often
 MAX_RETRY_WAIT_S = 5.0  # and never after more than this
@@ -49,17 +57,23 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1"}  # a service at these addresses run
 
 
 class VerifyError(RuntimeError):
-    """The service refused a request; `code` says why, `fatal` whether the session is over."""
+    """The service refused a request; `code` says why, `fatal` whether the session is over.
+
+    Its words may be the service's: they are escaped (service_trust.py) before anyone reads them."""
 
     def __init__(self, code: str, message: str, fatal: bool = False, retry_after_s: float = 0.0):
-        super().__init__(message)
-        self.code = code
+        super().__init__(said_by_service(message))
+        self.code = said_by_service(code)
         self.fatal = fatal
         self.retry_after_s = retry_after_s  # > 0: the request was not run and may be sent again
 
 
 class ServiceUnreachable(RuntimeError):
-    """The service could not be reached, or the connection dropped."""
+    """The service could not be reached, or the connection dropped (the message may quote the
+    service's close reason: escaped, as everything it says)."""
+
+    def __init__(self, message: str):
+        super().__init__(said_by_service(message))
 
 
 class ServiceBusy(ServiceUnreachable):
@@ -94,11 +108,44 @@ def on_this_machine(url: str) -> bool:
     return (urlsplit(url).hostname or "") in LOOPBACK
 
 
+def cleartext_token_problem(url: str, token: str | None) -> str | None:
+    """Why sending `token` to `url` exposes it (plain ws:// or http:// to another machine), or None."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if not token or parts.scheme not in ("ws", "http") or host in LOOPBACK:
+        return None
+    try:
+        address = ipaddress.ip_address(host)
+        if address.is_loopback or address.is_unspecified:  # 0.0.0.0 reaches this machine
+            return None
+    except ValueError:  # a name: only "localhost" is known to stay on this machine
+        pass
+    return (f"the bearer token goes to {parts.scheme}://{parts.netloc} in the clear: anyone on the way can read "
+            "it, and every conversation. Use a wss:// address (serve --tls-cert/--tls-key, or TLS in front of "
+            "the service), or a tunnel to a loopback address")
+
+
+_warned_cleartext: set[str] = set()
+
+
+def warn_if_cleartext(url: str, token: str | None) -> str | None:
+    """Log (once per address) a loud warning when the token would travel in the clear; the warning, or None."""
+    problem = cleartext_token_problem(url, token)
+    if problem and url not in _warned_cleartext:
+        _warned_cleartext.add(url)
+        log.warning("WARNING: %s", problem)
+    return problem
+
+
 class VerifyClient:
     def __init__(self, url: str, hello: Hello, token: str | None = None, ca_file: str | None = None,
                  open_timeout_s: float = 10.0, stall_timeout_s: float = 10.0,
-                 max_frame_bytes: int = 4 * 1024 * 1024):
+                 max_frame_bytes: int = 4 * 1024 * 1024, prove_service: bool = False):
+        """`prove_service`: before the Hello, the service must prove it holds `token`
+        (wire/service_proof.py); one that does not is refused, and hears nothing more."""
         self.url = url
+        self.hello_seed = hello.seed  # what the service's draws are keyed by (None: a seed of its own)
+        self.vocab_size = hello.vocab_size  # every id the service sends must be one of ours
         self.stall_timeout_s = stall_timeout_s
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -107,7 +154,11 @@ class VerifyClient:
         self._longest_wait = stall_timeout_s  # with pings answered
         self._sent_at = 0.0
         self._in_flight: tuple = (None, 0)  # the last request sent and its new tokens, to resend
-        headers = {"Authorization": f"Bearer {token}"} if token else None
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        challenge = new_challenge() if prove_service and token else None
+        if challenge:
+            headers[CHALLENGE_HEADER] = challenge
+        warn_if_cleartext(url, token)
         self._exit = contextlib.ExitStack()  # websockets wants connect() used as a context
         try:
             self._ws: ClientConnection = self._exit.enter_context(connect(
@@ -130,7 +181,14 @@ class VerifyClient:
             # ConnectionClosed: dropped mid-handshake, as by a proxy in front of a dead service
             raise ServiceUnreachable(
                 f"cannot reach the verification service at {url}: {exc} (is `specwire serve` running?)") from exc
-        self.welcome = self._request(hello, Welcome)
+        if challenge and not proves(token, challenge, self._ws.response.headers.get(PROOF_HEADER)):
+            self.close()
+            raise VerifyError("service_unproven", f"the program at {url} did not prove it holds the service's token: "
+                              "it is not the verification service this client started (another program took "
+                              "its port?); nothing was sent to it", fatal=True)
+        self._send(hello, 0)
+        self._longest_wait = self.stall_timeout_s + SLOWEST_WELCOME_S
+        self.welcome = self._receive_retrying(Welcome)
 
     def verify(self, request: Verify) -> Verdict:
         self.send_verify(request)
@@ -170,7 +228,33 @@ class VerifyClient:
         self._set_deadlines(1)
         return frame
 
+    def next_generated(self, wait: bool) -> Generated | None:
+        """The stream's next frame: waited for (as receive_generated does), or, with wait=False, only
+        if it has already arrived (None if not)."""
+        if not wait and not self.reply_ready():
+            return None
+        return self.receive_generated()
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Whether a frame arrives within timeout_s (it is then read by the next receive)."""
+        if self._early_reply is None:
+            try:
+                self._early_reply = self._ws.recv(timeout=timeout_s)
+            except TimeoutError:
+                return False
+            except (ConnectionClosed, OSError):
+                return True  # the next receive reports the loss
+        return True
+
+    def send_draft(self, draft: Draft) -> None:
+        """Guesses for a running stream; no reply (the stream's frames say what was kept)."""
+        self._send_unanswered(draft)
+
     def send_cancel(self, request: Cancel) -> None:
+        self._send_unanswered(request)
+
+    def _send_unanswered(self, request: Cancel | Draft) -> None:
+        """A message the service answers with no frame of its own: no deadline is set for it."""
         frame = encode(request)
         try:
             self._ws.send(frame)
@@ -260,9 +344,36 @@ class VerifyClient:
         if reply_frame is None:
             reply_frame = self._wait_for_reply()
         self.bytes_received += len(reply_frame)
-        reply = decode_server_message(reply_frame)
+        try:
+            reply = decode_server_message(reply_frame)
+        except (msgspec.DecodeError, msgspec.ValidationError, TypeError, ValueError) as exc:
+            raise VerifyError("bad_frame_from_service", f"the verification service at {self.url} sent a frame "
+                              f"this client cannot read ({exc}): it is broken, or not a specwire service",
+                              fatal=True) from exc
         if isinstance(reply, Error):
             raise VerifyError(reply.code, reply.message, reply.fatal, reply.retry_after_s)
         if not isinstance(reply, expected):
             raise VerifyError("unexpected_reply", f"expected {expected.__name__}, got {type(reply).__name__}", True)
-        return reply
+        self.check_token_ids(frame_token_ids(reply), type(reply).__name__)
+        if isinstance(reply, Verdict):
+            self._check_accepted(reply)
+        return with_words_escaped(reply)
+
+    def check_token_ids(self, ids, frame: str) -> None:
+        """Refuse a frame whose ids are not all in this client's vocabulary (before llama.cpp sees one):
+        a fatal VerifyError naming the service. Every frame type with ids comes through here."""
+        problem = token_id_problem(ids, self.vocab_size)
+        if problem:
+            log.warning("the service at %s sent a %s with a bad id: %s", self.url, frame, said_by_service(problem))
+            raise VerifyError("bad_token_from_service",
+                              f"the verification service at {self.url} sent a {frame} with {problem}: it is "
+                              "not a service this client can use (its target's vocabulary differs, or it is "
+                              "broken); the conversation so far is kept", fatal=True)
+
+    def _check_accepted(self, verdict: Verdict) -> None:
+        request = self._in_flight[0]
+        drafted = len(request.draft) if isinstance(request, Verify) else 0
+        if not 0 <= verdict.accepted <= drafted:
+            raise VerifyError("bad_verdict_from_service",
+                              f"the verification service at {self.url} accepted {verdict.accepted} of "
+                              f"{drafted} draft tokens: it is broken; the conversation so far is kept", fatal=True)

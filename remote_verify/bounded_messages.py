@@ -21,7 +21,7 @@ from typing import Annotated, Union
 import msgspec
 
 from wire.limits import MAX_DIST_TOKENS, MAX_DRAFT_SOURCE_CHARS, MAX_STOP_IDS
-from wire.protocol import Cancel, Generate, Hello, SparseDist, Sync, Verify
+from wire.protocol import Cancel, Draft, Generate, Hello, SparseDist, Sync, Verify
 
 
 def _bounded(length: int, element=int):
@@ -53,4 +53,9 @@ def bounded_client_message(max_context: int, max_draft: int):
     generate = msgspec.defstruct("Generate", [("append", _bounded(max_context), []),
                                               ("stop_ids", _bounded(MAX_STOP_IDS), [])],
                                  bases=(Generate,), tag="generate")
-    return Union[Hello, verify, sync, generate, Cancel]
+    # a chain of guesses may reach past the draft limit (it covers positions the stream passes
+    # while it travels), never past the context
+    draft = msgspec.defstruct("Draft", [("tokens", _bounded(max_context)),
+                                        ("source", _short_text(MAX_DRAFT_SOURCE_CHARS), "")],
+                              bases=(Draft,), tag="draft")
+    return Union[Hello, verify, sync, generate, draft, Cancel]

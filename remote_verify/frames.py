@@ -23,7 +23,7 @@ from remote_verify.bounded_messages import bounded_client_message
 from wire.protocol import ClientMessage, Hello
 from wire.randomness import seed_problem
 
-CLIENT_TYPES = ("hello", "verify", "sync", "generate", "cancel")
+CLIENT_TYPES = ("hello", "verify", "sync", "generate", "draft", "cancel")
 BYTES_PER_REQUEST = 4096  # a frame counts as one request against the rate limit per 4 KiB started
 MAX_QUOTED = 200  # characters of the decoder's error quoted in a refusal
 

@@ -18,14 +18,13 @@ import json
 import logging
 import time
 
+from wire.visible_text import escaped
+
 
 def printable(text: str, limit: int | None = None) -> str:
     """`text` (its first `limit` characters) with every character that is not printable
     (newlines, terminal escape sequences, line separators) written as its escape: `\\n`, `\\x1b`."""
-    text = text[:limit] if limit is not None else text
-    if text.isprintable():
-        return text
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+    return escaped(text, limit)
 
 
 class EscapeControlCharacters(logging.Filter):

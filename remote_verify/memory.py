@@ -31,3 +31,49 @@ def give_back_free_memory() -> bool:
     if _malloc_trim is None:
         return False
     return bool(_malloc_trim(0))
+
+
+GIB = 1 << 30
+
+
+def available_memory_bytes() -> int | None:
+    """The memory this process may still take: the least of the machine's available memory and
+    what its cgroup's limit leaves (v2 or v1); None where neither is known (not Linux)."""
+    found = []
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit_file) as limit, open(usage_file) as usage:
+                text = limit.read().strip()
+                if text != "max" and int(text) < 1 << 60:  # v1 writes "no limit" as a huge number
+                    found.append(max(0, int(text) - int(usage.read().strip())))
+        except (OSError, ValueError):
+            continue
+    return min(found) if found else None
+
+
+def kv_memory_problem(backend, max_sessions: int) -> str | None:
+    """Why `max_sessions` KV caches of the backend's context would not fit the memory the service
+    can have (checked at start: otherwise the OOM killer finds out, sessions later), or None.
+    Backends that state no KV size, or keep it on a GPU, are not checked here."""
+    per_session = getattr(backend, "kv_bytes_per_session", None)
+    if per_session is None or not str(getattr(backend, "name", "")).endswith(":cpu"):
+        return None
+    available = available_memory_bytes()
+    if available is None:
+        return None
+    each = per_session()
+    need = max_sessions * each
+    if need <= available:
+        return None
+    return (f"--max-sessions {max_sessions} x --max-context {backend.max_context} need {need / GIB:.1f} GiB of KV "
+            f"memory ({each / (1 << 20):.0f} MiB a session), and this service can have {available / GIB:.1f} GiB "
+            f"more: lower --max-sessions (at most {available // each} fit) or --max-context")

@@ -68,7 +68,13 @@ class ServiceMetrics:
                                    "in (each a graph run; 0 on other backends)", registry=r)
         self.padding_tokens = Gauge("specwire_target_padding_tokens", "tokens llama.cpp computed and threw away "
                                     "to run a shared pass as one micro-batch (0 on other backends)", registry=r)
-        self.streamed = Counter("specwire_streamed_tokens", "tokens made by server-only generation", registry=r)
+        self.streamed = Counter("specwire_streamed_tokens", "tokens committed by streamed generation (the "
+                                "target's own and the client's guesses it kept)", registry=r)
+        self.stream_passes = Counter("specwire_stream_passes", "passes of streamed generation", registry=r)
+        self.committed = Counter("specwire_committed_tokens", "tokens committed by rounds and streams: divided "
+                                 "into the passes and the busy time, what speculation saves the device", registry=r)
+        self.busy_seconds = Gauge("specwire_target_busy_seconds", "the device's time in forward passes, since "
+                                  "the start", registry=r)
         self.vocab_downloads = Counter("specwire_vocab_downloads", "vocabulary files sent (GET /vocab.gguf)",
                                        registry=r)
         self.syncs = Counter("specwire_syncs", "histories rebuilt from a client's Sync", registry=r)
@@ -78,6 +84,7 @@ class ServiceMetrics:
 
     def record_round(self, drafted: int, accepted: int, verify_s: float, queue_s: float) -> None:
         self.rounds.inc()
+        self.committed.inc(accepted + 1)
         self.drafted.inc(drafted)
         self.accepted.inc(accepted)
         for position in range(drafted):
@@ -93,9 +100,20 @@ class ServiceMetrics:
         self.drafted_by_source.labels(source).inc(drafted)
         self.accepted_by_source.labels(source).inc(accepted)
 
-    def record_streamed_token(self, forward_s: float, queue_s: float) -> None:
-        self.streamed.inc()
-        self.verify_seconds.observe(forward_s)
+    def record_stream_pass(self, step, queue_s: float) -> None:
+        """A pass of a stream (a session.StreamStep): its tokens, and the guesses it verified."""
+        self.stream_passes.inc()
+        self.streamed.inc(len(step.tokens))
+        self.committed.inc(len(step.tokens))
+        if step.drafted:
+            self.drafted.inc(step.drafted)
+            self.accepted.inc(step.accepted)
+            self.record_draft_source(step.source, step.drafted, step.accepted)
+            for position in range(step.drafted):
+                self.drafted_at.labels(str(position)).inc()
+            for position in range(step.accepted):
+                self.accepted_at.labels(str(position)).inc()
+        self.verify_seconds.observe(step.forward_s)
         self.queue_seconds.observe(queue_s)
 
     def render(self) -> bytes:

@@ -2,9 +2,20 @@
 
 Every forward pass (and every cache allocation or release) of every session goes through
 the device's queue, so the model is only ever touched from one thread and the event loop
-never blocks on it. Sessions take turns, round-robin: a session with many items waiting
-(a long stream of per-token work) gets one item run, then goes to the back of the line
-behind every other session that is waiting, so no session is starved by a busy neighbour.
+never blocks on it.
+
+Sessions take turns by the tokens they have fed, not by their items: the next item is that
+of the waiting session charged least so far, and each run charges its session the tokens it
+fed (1 for an item that feeds none), so a session of long feeds waits behind sessions of short
+rounds in proportion. A session back from idle starts no more than CREDIT_TOKENS behind the
+queue's clock (the charge of the latest session served): it goes first, but cannot bank the
+time it was idle. Within a session, items run in arrival order.
+
+Chunked prefill: an item that must first feed a long history (a prompt, a Sync's new
+history, a stream after one) runs it in pieces, each a turn of its own (`Shareable.split`):
+while other sessions are active, a piece costs about two one-round passes by the backend's
+measured prices (`piece_tokens`), so a round of theirs waits behind one piece at most, never
+behind a whole prefill; alone, a piece is as long as llama.cpp's batch (ALONE_PIECE_TOKENS).
 
 Shared passes: an item that is a `Shareable` (a verify round, a server-only stream's next
 token) may run in one forward pass with the next item of every other waiting session, at
@@ -17,6 +28,17 @@ commit) after it, on this thread, so one session's refusal or failure is its own
 request is refused at planning without touching the pass, and a pass that fails as a whole
 is undone and run again one member at a time, so that the error lands on its owner.
 `batch_tokens = 0` runs every item alone (`specwire serve --batch-tokens 0`).
+
+Streams (`stream`) keep their next pass waiting at all times: when a pass of a stream
+finishes, its next pass is queued on the device thread before the next pass is formed, so
+every running stream is in every pass that has room for it. (Queued from the event loop
+after the result had travelled there and back, a stream would miss the pass formed in the
+meantime, and streams would take turns, each in every other pass.)
+
+Members are planned in turn order, each told what the members before it put in the pass
+(`PassSoFar`: tokens and expected commits), so that a stream deciding how many draft tokens
+to verify weighs what they cost every member of this pass (remote_verify/stream_drafts.py).
+Every pass's time is recorded against its tokens in the queue's cost curve (`costs`).
 """
 
 from __future__ import annotations
@@ -31,10 +53,30 @@ from typing import Any, Callable, Hashable
 
 import numpy as np
 
-from remote_verify.backends import Pass, run_passes
+from remote_verify.backends.target import Pass, run_passes
+from remote_verify.pass_costs import PassCosts
+from remote_verify.stream_drafts import PassSoFar
 from wire.limits import BATCH_TOKENS
 
 log = logging.getLogger(__name__)
+
+CREDIT_TOKENS = 64  # how far behind the clock a session back from idle starts: ahead of the busy ones
+ACTIVE_S = 2.0  # a session that sent work this recently is active: others' prefills go in short pieces
+ALONE_PIECE_TOKENS = 512  # a piece when no other session is active: llama.cpp's batch, nothing to share
+DEFAULT_PIECE_TOKENS = 64  # a piece on a backend that measures no prices (torch, onnx)
+ROUND_TOKENS = 5  # a typical round's feed (k = 4 and its bonus): what a piece is priced against
+
+
+def piece_tokens(backend) -> int:
+    """Tokens of a prefill piece while other sessions wait: a piece costs a pass's fixed price twice
+    and a round's tokens once (at most two one-round passes), by the prices the backend measures."""
+    costs = getattr(backend, "costs", None) if backend is not None else None
+    if costs is None:
+        return DEFAULT_PIECE_TOKENS
+    per_pass, per_token = costs.prices
+    if per_token <= 0:
+        return ALONE_PIECE_TOKENS
+    return int(max(ROUND_TOKENS, min(ALONE_PIECE_TOKENS, ROUND_TOKENS + per_pass / per_token)))
 
 
 @dataclass
@@ -44,6 +86,7 @@ class Planned:
     share: Pass
     finish: Callable[[np.ndarray, float], Any]  # (its result, the pass's seconds) -> the item's result
     undo: Callable[[], None]  # put its cache back as it was before the pass (a failed pass is retried)
+    expected: float = 1.0  # tokens it expects to commit (a stream's guesses, weighed by their acceptance)
 
 
 @dataclass
@@ -52,12 +95,17 @@ class Shareable:
     (`plan()` may raise, refusing the request), then run with the others."""
 
     backend: Any
-    plan: Callable[[], Planned]
+    plan: Callable[[PassSoFar], Planned]  # told what the pass holds so far (nothing, run alone)
     tokens: Callable[[], int]  # tokens it would feed, read on the device thread to fit the budget
+    # (piece, rest) for a feed longer than the given tokens: a prefill piece to run in this turn and
+    # the work left for the next one; None when it fits. May raise, refusing the request.
+    split: Callable[[int], "tuple[Shareable, Any] | None"] | None = None
 
     def __call__(self) -> Any:
         """Run alone: plan, one pass, finish."""
-        planned = self.plan()
+        so_far = PassSoFar()
+        planned = self.plan(so_far)
+        so_far.add(planned.share, planned.expected)
         started = time.perf_counter()
         result = run_passes(self.backend, [planned.share])[0]
         return planned.finish(result, time.perf_counter() - started)
@@ -66,9 +114,33 @@ class Shareable:
 @dataclass
 class _Item:
     work: Callable[[], Any]  # or a Shareable
-    future: asyncio.Future
+    future: asyncio.Future | None  # run(): the caller's future; stream(): None
     loop: asyncio.AbstractEventLoop
     arrived: float = field(default_factory=time.perf_counter)
+    session: Hashable = None  # whose it is (set when taken)
+    rest: Any = None  # while `work` is a prefill piece: the work that follows it, in a later turn
+    ran_s: float = 0.0  # device time of its pieces run so far (not queueing)
+    # stream(): called on the device thread with the item's result: the stream's next work (None: it ends)
+    follow: Callable[[Any], Any] | None = None
+    deliver: Callable[[Any, BaseException | None, float], None] | None = None  # stream(): on the event loop
+
+    def gone(self) -> bool:
+        """Whether nobody waits for it any more (a run() whose caller was cancelled)."""
+        return self.future is not None and self.future.cancelled()
+
+
+def _nothing() -> None:
+    """The work of an item whose client has gone."""
+
+
+class _Refused:
+    """Work whose planning already failed: raises that error when run."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def __call__(self):
+        raise self.error
 
 
 class QueueClosed(RuntimeError):
@@ -76,16 +148,21 @@ class QueueClosed(RuntimeError):
 
 
 class DeviceQueue:
-    def __init__(self, name: str = "target", batch_tokens: int = BATCH_TOKENS):
+    def __init__(self, name: str = "target", batch_tokens: int = BATCH_TOKENS, costs: PassCosts | None = None):
         if batch_tokens < 0:
             raise ValueError(f"batch_tokens must be 0 (no shared passes) or more, got {batch_tokens}")
         self.name = name
         self.batch_tokens = batch_tokens
         self.passes = 0  # forward passes run for Shareable items (shared or alone)
         self.shared_items = 0  # Shareable items run, in all
+        self.costs = costs if costs is not None else PassCosts()
+        self.busy_s = 0.0  # the device's time in forward passes, since the start
         self._ready = threading.Condition()
         self._waiting: dict[Hashable, deque[_Item]] = {}  # per session, in arrival order
-        self._turns: deque[Hashable] = deque()  # sessions with work, in the order they are served
+        self._turns: deque[Hashable] = deque()  # sessions with work, in the order they came (ties)
+        self._charged: dict[Hashable, float] = {}  # tokens each session has fed (its place in line)
+        self._clock = 0.0  # the charge of the session served last
+        self._seen: dict[Hashable, float] = {}  # when each session last sent work
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name=f"{name}-worker", daemon=True)
         self._thread.start()
@@ -104,18 +181,10 @@ class DeviceQueue:
         counted from then. An exception raised by `work` is raised here.
         """
         loop = asyncio.get_running_loop()
-        item = _Item(work, loop.create_future(), loop)
+        item = _Item(work, loop.create_future(), loop, session=session)
         if arrived is not None:
             item.arrived = arrived
-        with self._ready:
-            if self._closed:
-                raise QueueClosed(f"the {self.name} queue is shut down")
-            items = self._waiting.get(session)
-            if items is None:
-                items = self._waiting[session] = deque()
-                self._turns.append(session)
-            items.append(item)
-            self._ready.notify()
+        self._put(item)
         try:
             return await item.future
         finally:
@@ -123,6 +192,30 @@ class DeviceQueue:
             # the exception: without this `del` the frame leads back to the future through
             # `item`, a cycle that keeps the request alive until a full garbage collection.
             del item
+
+    def stream(self, session: Hashable, work: Callable[[], Any], follow: Callable[[Any], Any],
+               deliver: Callable[[Any, BaseException | None, float], None]) -> None:
+        """Run `work` in `session`'s turn, then, as long as `follow(result)` (called on the device
+        thread, as soon as the item is finished) gives more work, that work next, queued at once.
+        Each item's (result, error, seconds queued) goes to `deliver`, called on the caller's
+        event loop. An error ends the stream (follow is not asked)."""
+        self._put(_Item(work, None, asyncio.get_running_loop(), session=session, follow=follow, deliver=deliver))
+
+    def _put(self, item: _Item) -> None:
+        with self._ready:
+            if self._closed:
+                raise QueueClosed(f"the {self.name} queue is shut down")
+            session = item.session
+            items = self._waiting.get(session)
+            if items is None:
+                items = self._waiting[session] = deque()
+                self._turns.append(session)
+                # back from idle: ahead of the busy, by CREDIT_TOKENS at most
+                self._charged[session] = max(self._charged.get(session, float("-inf")), self._clock - CREDIT_TOKENS)
+            items.append(item)
+            if isinstance(item.work, Shareable):  # a round or a step: the session competes for passes
+                self._note_seen(session)
+            self._ready.notify()
 
     def shutdown(self, wait: bool = True) -> None:
         """Take no more work; the worker finishes the items already queued, then stops.
@@ -137,18 +230,24 @@ class DeviceQueue:
             self._thread.join()
 
     def _next(self) -> list[_Item] | None:
-        """The next item in turn, with (when it is a Shareable) the next shareable item of every
-        other waiting session that fits the token budget; None once closed and empty."""
+        """The next item by charge, with (when it is a Shareable) the next shareable item of every
+        other waiting session that fits the token budget; None once closed and empty. A long feed
+        is cut: its first piece runs now, the rest waits for the session's next turn."""
         with self._ready:
             while not self._turns:
                 if self._closed:
                     return None
                 self._ready.wait()
-            session = self._turns.popleft()
-            line = list(self._turns)  # the others in turn order, before _take puts this one at the back
+            line = sorted(self._turns, key=lambda each: self._charged[each])  # stable: ties in arrival order
+            session = line.pop(0)
+            self._turns.remove(session)
+            self._clock = max(self._clock, self._charged[session])
             first = self._take(session)
+            piece = self._piece_limit(session, first.work)
+            self._cut(first, piece)
             taken = [first]
             work = first.work
+            self._charged[session] += self._size(work) if isinstance(work, Shareable) else 1
             if self.batch_tokens and isinstance(work, Shareable) and hasattr(work.backend, "forward_many"):
                 left = self.batch_tokens - self._size(work)
                 for session in line:
@@ -158,21 +257,66 @@ class DeviceQueue:
                     if not isinstance(head, Shareable) or head.backend is not work.backend:
                         continue  # it keeps its place in line and runs in its own turn
                     size = self._size(head)
-                    if size <= left:
+                    if size <= left and size <= piece:  # a long feed is cut in its own turn, not here
                         self._turns.remove(session)
                         taken.append(self._take(session))
+                        self._charged[session] += size
                         left -= size
             return taken
+
+    def _cut(self, item: _Item, limit: int) -> None:
+        """Make `item` run a piece of at most `limit` prefill tokens now, its rest later (when it has more)."""
+        work = item.work
+        if not isinstance(work, Shareable):
+            return
+        if item.gone():  # a round whose client is gone (the service cancels on close): not run
+            item.work, item.rest = _nothing, None
+            return
+        if work.split is None:
+            return
+        parts, error = _attempt(work.split, limit)
+        if error is not None:  # the request is refused: its turn reports why
+            item.work = _Refused(error)
+        elif parts is not None:
+            item.work, item.rest = parts
+        del error, parts
+
+    def _piece_limit(self, session: Hashable, work) -> int:
+        """Prefill tokens a piece of `session`'s may feed now: short while others are active, a batch alone."""
+        now = time.monotonic()
+        others = any(other != session for other in self._turns) or any(
+            other != session and now - seen < ACTIVE_S for other, seen in self._seen.items())
+        return piece_tokens(getattr(work, "backend", None)) if others else ALONE_PIECE_TOKENS
+
+    def _note_seen(self, session: Hashable) -> None:
+        now = time.monotonic()
+        self._seen[session] = now
+        if len(self._seen) > 4 * len(self._waiting) + 64:  # forget sessions long quiet (closed, most), and their
+            for other, seen in list(self._seen.items()):  # charges: one back after that starts from the clock
+                if now - seen > ACTIVE_S and other not in self._waiting:
+                    del self._seen[other]
+                    self._charged.pop(other, None)
 
     def _take(self, session: Hashable) -> _Item:
         """Pop `session`'s next item (its turn is already out of the line)."""
         items = self._waiting[session]
         item = items.popleft()
         if items:
-            self._turns.append(session)  # its next item waits behind everyone else's
+            self._turns.append(session)  # its next item waits for its turn by charge
         else:
             del self._waiting[session]
+        item.session = session
         return item
+
+    def _put_back(self, item: _Item) -> None:
+        """An item whose piece ran: its rest goes first in its session's line, for the session's next turn."""
+        with self._ready:
+            item.work, item.rest = item.rest, None
+            items = self._waiting.get(item.session)
+            if items is None:
+                items = self._waiting[item.session] = deque()
+                self._turns.append(item.session)
+            items.appendleft(item)
 
     @staticmethod
     def _size(work: Shareable) -> int:
@@ -204,13 +348,19 @@ class DeviceQueue:
         """Plan every member, run their shares as one pass, finish each; errors stay with their owner."""
         started = time.perf_counter()
         members: list[tuple[_Item, Planned]] = []
-        item = planned = error = results = result = value = None
+        item = planned = error = results = result = value = forward_s = None
+        budget = self.batch_tokens or float("inf")
+        # what the members must feed (their last tokens) comes first; the rest of the budget is
+        # shared out evenly, so that the members planned first cannot take every guess's place
+        mandatory = sum(self._size(item.work) for item in items)
+        so_far = PassSoFar(budget=budget, share=max(0.0, (budget - mandatory) / len(items)))
         for item in items:
-            planned, error = _attempt(item.work.plan)
+            planned, error = _attempt(item.work.plan, so_far)
             if error is not None:  # refused before the pass: the others go on
                 self._hand_back(item, None, error, started)
             else:
                 members.append((item, planned))
+                so_far.add(planned.share, planned.expected)
         items.clear()
         if members:
             self.passes += 1
@@ -224,14 +374,16 @@ class DeviceQueue:
                 self._run_one_by_one(members, started)
             else:
                 forward_s = time.perf_counter() - began
+                self.busy_s += forward_s
+                self.costs.observe(so_far.tokens, forward_s)
                 for (item, planned), result in zip(members, results):
                     value, error = _attempt(planned.finish, result, forward_s)
                     self._hand_back(item, value, error, started)
         members.clear()
-        del items, members, item, planned, error, results, result, value
+        del items, members, item, planned, error, results, result, value, forward_s
 
     def _run_one_by_one(self, members: list[tuple[_Item, Planned]], started: float) -> None:
-        item = planned = error = results = value = None
+        item = planned = error = results = value = forward_s = None
         for _, planned in members:
             _, error = _attempt(planned.undo)
             if error is not None:  # the retry below reports what is wrong with this member
@@ -242,14 +394,34 @@ class DeviceQueue:
             results, error = _attempt(run_passes, item.work.backend, [planned.share])
             value = None
             if error is None:
-                value, error = _attempt(planned.finish, results[0], time.perf_counter() - began)
+                forward_s = time.perf_counter() - began
+                self.busy_s += forward_s
+                self.costs.observe(len(planned.share.tokens), forward_s)
+                value, error = _attempt(planned.finish, results[0], forward_s)
             self._hand_back(item, value, error, started)
-        del members, item, planned, error, results, value
+        del members, item, planned, error, results, value, forward_s
 
-    @staticmethod
-    def _hand_back(item: _Item, result: Any, error: BaseException | None, started: float) -> None:
+    def _hand_back(self, item: _Item, result: Any, error: BaseException | None, started: float) -> None:
+        if item.rest is not None and error is None and not item.gone():  # a prefill piece ran: the rest
+            # waits for the session's next turn (a cancelled one's rest is dropped: its client is gone)
+            item.ran_s += time.perf_counter() - started
+            self._put_back(item)
+            return
+        item.rest = None
+        if item.follow is not None and error is None:
+            following, error = _attempt(item.follow, result)
+            if error is None and following is not None:
+                try:  # the stream's next pass waits before the next pass is formed
+                    self._put(_Item(following, None, item.loop, session=item.session, follow=item.follow,
+                                    deliver=item.deliver))
+                except QueueClosed as closed:
+                    error = closed
+        queued_s = max(0.0, started - item.arrived - item.ran_s)
         try:
-            item.loop.call_soon_threadsafe(_settle, item.future, result, error, started - item.arrived)
+            if item.deliver is not None:
+                item.loop.call_soon_threadsafe(item.deliver, result, error, queued_s)
+            else:
+                item.loop.call_soon_threadsafe(_settle, item.future, result, error, queued_s)
         except RuntimeError:  # the event loop has already closed: nobody is waiting
             log.debug("dropped a result for a closed event loop")
 

@@ -1,7 +1,8 @@
 """The verification service: a WebSocket server that runs sessions against one target.
 
 Plain HTTP on the same port: `/healthz` (200 once the target is loaded, 503 while it
-loads or drains) and `/metrics` (Prometheus). Auth and the admission limits are applied
+loads or drains) and `/metrics` (Prometheus; behind the bearer token when the service has
+one, unless `public_metrics`). Auth and the admission limits are applied
 in `process_request`, before the upgrade. Each connection is one session; its model work
 goes through the device's queue (one worker thread, sessions in turn, their rounds sharing
 forward passes), so the event loop keeps answering pings, health checks and other clients
@@ -19,6 +20,7 @@ vocab_offer.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http
 import logging
 import signal
@@ -34,13 +36,17 @@ from websockets.http11 import Request, Response
 from websockets.protocol import State
 
 from remote_verify.access import bearer_problem
-from remote_verify.backends import CacheFull, TargetBackend
+from remote_verify.backends.target import TargetBackend
+from remote_verify.client_gate import ClientGate
+from wire.service_proof import CHALLENGE_HEADER, MAX_CHALLENGE_CHARS, PROOF_HEADER, proof
 from remote_verify.frames import BadFrame, FrameReader, frame_cost, hello_problems
 from remote_verify.idle import IdleClock
 from remote_verify.limits import TokenBucket
 from wire.limits import ServiceLimits
 from remote_verify.logs import printable, session_log
+from remote_verify.memory import give_back_free_memory, kv_memory_problem
 from remote_verify.metrics import ServiceMetrics
+from remote_verify.pass_costs import costs_for
 from wire.protocol import (
     CLOSE_GOING_AWAY,
     CLOSE_IDLE_TIMEOUT,
@@ -48,6 +54,7 @@ from wire.protocol import (
     CLOSE_VOCAB_MISMATCH,
     SUBPROTOCOL,
     Cancel,
+    Draft,
     Error,
     Generate,
     Hello,
@@ -70,6 +77,7 @@ TargetLoader = Callable[[], TargetBackend]
 # two are enough (a Cancel may cross a request), and each may be max_frame_bytes: this bounds
 # what a connection that pipelines can make the service hold.
 FRAMES_BUFFERED = 2
+TIDY_EVERY_S = 5.0  # how often the backend may free or shrink KV pools its sessions have left
 
 
 @dataclass(frozen=True)
@@ -83,10 +91,15 @@ class ServiceConfig:
     limits: SessionLimits = SessionLimits()  # per round: draft length, context
     service_limits: ServiceLimits = ServiceLimits()  # per service and connection
     batch_tokens: int = BATCH_TOKENS  # budget of a forward pass shared by sessions; 0: one session a pass
+    public_metrics: bool = False  # /metrics without the token (a scraper inside the cluster); else behind it
 
 
 class TargetLoadError(RuntimeError):
     """The target model could not be loaded; the service stopped without serving."""
+
+
+class SettingsRefused(TargetLoadError):
+    """The target loaded, but the service's settings cannot work with it (its KV memory does not fit)."""
 
 
 class VerifyService:
@@ -109,11 +122,14 @@ class VerifyService:
         self.metrics.pass_members.set_function(lambda: self.queue.shared_items)
         self.metrics.micro_batches.set_function(lambda: getattr(self.backend, "ubatches", 0))
         self.metrics.padding_tokens.set_function(lambda: getattr(self.backend, "padded_tokens", 0))
+        self.metrics.busy_seconds.set_function(lambda: self.queue.busy_s)
         self.sessions: dict[str, Session] = {}
         self._connections: dict[str, ServerConnection] = {}
         self._busy: set[str] = set()  # sessions with a round in flight
         self._streams: dict[str, ServerOnlyStream] = {}  # each session's server-only generation
         self._admitted: set[ServerConnection] = set()  # upgrades let through, not closed yet
+        self._gate = ClientGate(self.guard)  # handshakes a second and sessions held, per client
+        self._allocating: set[asyncio.Task] = set()  # sessions' caches being allocated ahead (held: not collected)
 
     # ---- lifecycle --------------------------------------------------------------------
 
@@ -133,6 +149,7 @@ class VerifyService:
                 self.config.port,
                 subprotocols=[SUBPROTOCOL],
                 process_request=self._process_request,
+                process_response=self._process_response,
                 max_size=self.guard.max_frame_bytes,
                 max_queue=FRAMES_BUFFERED,
                 ping_interval=self.config.ping_interval_s,
@@ -143,8 +160,10 @@ class VerifyService:
                     return
                 self.state = "ready"
                 self.metrics.ready.set(1)
+                tidying = asyncio.ensure_future(self._tidy_every(TIDY_EVERY_S))
                 on_ready(self._url(self.port))
                 await self._stopping
+                tidying.cancel()
                 await self._drain()
         finally:
             # stopped while loading: do not wait minutes for a model nobody will use
@@ -170,6 +189,7 @@ class VerifyService:
         def load():
             backend = self._loader()
             fingerprint = vocab_fingerprint(backend.token_texts())
+            self.queue.costs = costs_for(backend)  # the cost curve clients and streams price drafts with
             return backend, fingerprint, make_vocab_offer(backend, fingerprint)
 
         loading = asyncio.ensure_future(self.queue.run("load", load))
@@ -181,11 +201,26 @@ class VerifyService:
             (backend, fingerprint, vocab), _ = loading.result()
         except Exception as exc:
             raise TargetLoadError(str(exc) or type(exc).__name__) from exc
+        problem = kv_memory_problem(backend, self.guard.max_sessions)
+        if problem:  # now, not when the OOM killer finds out with the sessions open
+            raise SettingsRefused(problem)
         self.backend, self.fingerprint, self.vocab = backend, fingerprint, vocab
         self.limits = SessionLimits(max_draft=self.config.limits.max_draft,
                                     max_context=min(self.config.limits.max_context, backend.max_context))
         self.frames = FrameReader(self.limits.max_context, self.limits.max_draft)
         return True
+
+    async def _tidy_every(self, period_s: float) -> None:
+        """Let the backend free or shrink the KV pools sessions have left (in its turn on the device)."""
+        tidy = getattr(self.backend, "tidy", None)
+        while tidy is not None:
+            await asyncio.sleep(period_s)
+            try:
+                freed, _ = await self.queue.run("tidy", tidy)
+            except QueueClosed:
+                return
+            if freed:
+                give_back_free_memory()
 
     async def _drain(self) -> None:
         """Refuse new sessions, let rounds in flight finish, then close everything (1001)."""
@@ -218,6 +253,8 @@ class VerifyService:
                 return connection.respond(http.HTTPStatus.OK, "ok\n")
             return self._unavailable(connection, f"{self.state}\n")
         if path == "/metrics":
+            if not self.config.public_metrics and (refused := self._unauthorized(connection, request)):
+                return refused
             response = connection.respond(http.HTTPStatus.OK, self.metrics.render().decode())
             del response.headers["Content-Type"]
             response.headers["Content-Type"] = self.metrics.content_type
@@ -242,8 +279,23 @@ class VerifyService:
             return self._unavailable(
                 connection, f"the service is at its limit of {self.guard.max_sessions} sessions: "
                 f"retry in {self.guard.retry_after_s:g} s, or use another replica\n")
+        address = _address_of(connection)
+        limited = self._gate.refusal(address, sum(_address_of(c) == address for c in self._admitted))
+        if limited is not None:
+            why, wait_s = limited
+            self.metrics.refusals.labels("client_limit").inc()
+            response = connection.respond(http.HTTPStatus.TOO_MANY_REQUESTS, f"{why}: retry in {wait_s:.1f} s\n")
+            response.headers["Retry-After"] = str(max(1, round(wait_s)))
+            return response
         self._admitted.add(connection)
         return None
+
+    def _process_response(self, connection: ServerConnection, request: Request, response: Response) -> None:
+        """Answer a client's challenge with the proof that this service holds the token (wire/service_proof.py)."""
+        challenge = request.headers.get(CHALLENGE_HEADER)
+        if self.config.token is not None and challenge and len(challenge) <= MAX_CHALLENGE_CHARS \
+                and response.status_code == http.HTTPStatus.SWITCHING_PROTOCOLS:
+            response.headers[PROOF_HEADER] = proof(self.config.token, challenge)
 
     def _unauthorized(self, connection: ServerConnection, request: Request) -> Response | None:
         """The refusal of a request without the service's bearer token, or None when it may go on."""
@@ -276,8 +328,8 @@ class VerifyService:
         slog = session_log(log, session.id)
         bucket = TokenBucket(self.guard.rate_per_s, self.guard.rate_burst)
         idle = IdleClock(self.guard.idle_timeout_s)  # frames either way keep the session alive
-        stream = self._streams[session.id] = ServerOnlyStream(session, partial(self._run_for, session), ws,
-                                                               self.metrics, on_send=idle.touch)
+        stream = self._streams[session.id] = ServerOnlyStream(session, self.queue, ws, self.metrics,
+                                                               on_send=idle.touch, costs=self.queue.costs)
         try:
             while True:
                 try:
@@ -294,7 +346,7 @@ class VerifyService:
                 arrived = time.perf_counter()
                 self._busy.add(session.id)
                 try:
-                    reply = await self._answer(session, frame, bucket, arrived, slog, stream)
+                    reply = await self._unless_closed(ws, self._answer(session, frame, bucket, arrived, slog, stream))
                     if reply is not None:  # a stream answers with its own frames
                         await ws.send(encode(reply))
                         idle.touch()
@@ -321,6 +373,23 @@ class VerifyService:
             await self._close_session(session)
             slog.info("closed after %d committed tokens", len(session.committed))
 
+    @staticmethod
+    async def _unless_closed(ws: ServerConnection, answering):
+        """The answer, or ConnectionClosed as soon as the client is gone: its work still queued (the
+        pieces of a long prefill, minutes of a CPU) is cancelled, not run for nobody."""
+        task = asyncio.ensure_future(answering)
+        closed = asyncio.ensure_future(ws.wait_closed())
+        try:
+            await asyncio.wait({task, closed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closed.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise ConnectionClosed(None, None)
+        return task.result()
+
     async def _answer(self, session: Session, frame: bytes | str, bucket: TokenBucket, arrived: float, slog,
                       stream: ServerOnlyStream):
         """The reply to one frame. A new kind of request is one more branch here."""
@@ -339,7 +408,7 @@ class VerifyService:
             return Error("bad_frame", f"could not decode the frame: {type(exc).__name__}")
         seq = getattr(message, "seq", 0)
         try:
-            if isinstance(message, (Generate, Cancel)):
+            if isinstance(message, (Generate, Draft, Cancel)):
                 return await stream.handle(message)
             if stream.busy:
                 return Error("busy", "a server-only generation is streaming: send cancel and wait for its last "
@@ -366,11 +435,6 @@ class VerifyService:
                                   queue_s)
         self.metrics.record_draft_source(request.draft_source, len(request.draft), verdict.accepted)
         return verdict
-
-    async def _run_for(self, session: Session, work):
-        """Run `work` on the device in `session`'s turn (a server-only step); returns its result."""
-        result, _ = await self.queue.run(session.id, work)
-        return result
 
     async def _sync(self, session: Session, request: Sync, arrived: float):
         synced, _ = await self.queue.run(session.id, partial(session.sync, request), arrived)
@@ -409,18 +473,10 @@ class VerifyService:
         if problems:
             await self._refuse(ws, CLOSE_PROTOCOL_ERROR, "bad_sampling", "; ".join(problems))
             return None
-        opening = object()  # its own turn in the queue: allocating a cache touches the model
-        try:
-            session, _ = await self.queue.run(opening, partial(Session, backend, hello.sampling, hello.seed,
-                                                               self.limits))
-        except QueueClosed:
-            return None
-        except CacheFull as exc:
-            log.warning("refused a session: %s", exc)
-            await self._refuse(ws, CLOSE_GOING_AWAY, "sessions_full",
-                               f"the service has no KV memory for another session now: retry in "
-                               f"{self.guard.retry_after_s:g} s, or use another replica")
-            return None
+        # Welcomed without waiting for a KV pool: a pool that must grow holds the device thread for
+        # seconds on a CPU, and eight clients arriving together timed out waiting for it. The cache is
+        # allocated in the session's turn right after (and at the latest by its first round).
+        session = Session(backend, hello.sampling, hello.seed, self.limits, allocate=False)
         self.sessions[session.id] = session  # registered before the client can use it
         self._connections[session.id] = ws
         self.metrics.sessions.inc()
@@ -429,15 +485,27 @@ class VerifyService:
             await ws.send(encode(Welcome(
                 session_id=session.id, max_context=self.limits.max_context, max_draft=self.limits.max_draft,
                 vocab_size=backend.vocab_size, target=backend.name, capabilities=self._capabilities(),
-                max_frame_bytes=self.guard.max_frame_bytes, idle_timeout_s=self.guard.idle_timeout_s)))
+                max_frame_bytes=self.guard.max_frame_bytes, idle_timeout_s=self.guard.idle_timeout_s,
+                pass_costs=self.queue.costs.curve())))
         except ConnectionClosed:
             await self._close_session(session)
             return None
         session_log(log, session.id).info("opened (%s)", printable(hello.client, 80) or "unnamed client")
+        task = asyncio.ensure_future(self._allocate_ahead(session))
+        self._allocating.add(task)
+        task.add_done_callback(self._allocating.discard)
         return session
 
+    async def _allocate_ahead(self, session: Session) -> None:
+        """The session's KV cache, in its turn, likely before its first round arrives; a failure is
+        left for that round to report (it tries again)."""
+        try:
+            await self.queue.run(session.id, session.ensure_cache)
+        except (SessionError, QueueClosed) as exc:
+            session_log(log, session.id).info("no KV cache yet: %s", exc)
+
     def _capabilities(self) -> list[str]:
-        capabilities = ["greedy", "sampling", "sync", "generate"]
+        capabilities = ["greedy", "sampling", "sync", "generate", "drafts"]  # drafts: Draft frames in a stream
         if self.vocab.available:  # GET /vocab.gguf: the target's tokenizer, for clients with no model file
             capabilities.append(vocab_offer.CAPABILITY)
         return capabilities
@@ -461,3 +529,9 @@ class VerifyService:
             await ws.close(close_code, code)
         except ConnectionClosed:
             pass
+
+
+def _address_of(connection: ServerConnection) -> str:
+    """The client's address (its IP, without the port)."""
+    remote = connection.remote_address
+    return str(remote[0]) if remote else ""

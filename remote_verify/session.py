@@ -9,6 +9,18 @@ draft costs a truncation, never a recompute of the prefix.
 A round is device work in two halves (`verify_work`): planned (checked, its feed built,
 nothing changed) before a forward pass that other sessions' rounds may share, and finished
 (acceptance, commit, truncation) after it, with this session's share of the results.
+
+A stream (Generate) is a pass after pass of the same kind (`stream_work`): each feeds the
+last token and the client's pending guesses the pass chose to verify (remote_verify/
+stream_drafts.py), keeps the guesses that equal the target's own pick and commits the
+target's token after them. The target's pick at position n is its argmax (greedy) or the
+race of its warped distribution over the session's clocks for n (wire/sampling.py), the same
+whether a guess was there or not: a stream's text is a function of the seed alone.
+
+A long feed (a prompt, the history after a Sync) is prefilled in pieces when the device queue
+asks (`Shareable.split`, remote_verify/scheduler.py): the request is checked and its appended
+tokens taken into the history first, then each piece extends the cache, in a turn of its own,
+and the round itself comes last, as if the history had been sent before it.
 """
 
 from __future__ import annotations
@@ -19,22 +31,39 @@ import uuid
 from dataclasses import dataclass
 from functools import partial
 
+import msgspec
 import numpy as np
 
 from remote_verify.acceptance import accept_greedy, accept_sampled
-from remote_verify.backends import Pass, TargetBackend
+from remote_verify.backends.target import CacheFull, Pass, TargetBackend
 from remote_verify.memory import give_back_free_memory
+from remote_verify.pass_costs import PassCosts
 from remote_verify.scheduler import Planned, Shareable
+from remote_verify.stream_drafts import PassSoFar, StreamDrafts, best_block
 from wire.limits import MAX_STOP_IDS
 from wire.protocol import Generate, SamplingParams, SparseDist, Sync, Synced, Verdict, Verify
-from wire.randomness import Decision, DecisionRandomness, seed_problem
-from wire.sampling import warp
+from wire.randomness import DecisionRandomness, seed_problem
+from wire.sampling import race_choice, warp
 
 
 @dataclass(frozen=True)
 class SessionLimits:
     max_draft: int = 32  # longest block verified in one pass
     max_context: int = 4096  # committed tokens + draft, capped by the model's own limit
+
+
+@dataclass
+class StreamStep:
+    """What one pass of a stream committed."""
+
+    tokens: list[int]  # the guesses it kept, then the target's token (none after a kept stop token)
+    accepted: int  # of tokens, the client's guesses
+    drafted: int  # guesses the pass verified
+    source: str  # who drafted them ("model", "ngram", "" for none)
+    started: float  # when the pass was planned (time.perf_counter)
+    forward_s: float
+    pass_tokens: int  # tokens the whole pass ran, every member's
+    pass_sessions: int
 
 
 class SessionError(Exception):
@@ -49,7 +78,9 @@ class SessionError(Exception):
 
 class Session:
     def __init__(self, backend: TargetBackend, sampling: SamplingParams, seed: int | None,
-                 limits: SessionLimits):
+                 limits: SessionLimits, allocate: bool = True):
+        """`allocate=False`: the KV cache is allocated by `ensure_cache` (on the device thread), at
+        the latest by the first round: the service welcomes a client without waiting for a pool."""
         self.id = uuid.uuid4().hex[:12]
         self.backend = backend
         self.sampling = sampling
@@ -57,9 +88,11 @@ class Session:
         # Draws keyed by (seed, position): a rebuilt session repeats them, a later position never does.
         self.randomness = DecisionRandomness(seed)
         self.committed: list[int] = []
-        self.cache = backend.new_cache()
+        self.cache = backend.new_cache() if allocate else None
+        self._closed = False
         self.cached_len = 0  # positions in the cache
         self.last_seq = 0
+        self._prefill_s = 0.0  # forward seconds of the prefill pieces before the round in progress
 
     def verify(self, request: Verify) -> Verdict:
         """Verify one block in a pass of its own."""
@@ -68,25 +101,52 @@ class Session:
     def verify_work(self, request: Verify) -> Shareable:
         """The round as device work that may share a forward pass with other sessions' rounds."""
         return Shareable(self.backend, partial(self._plan_verify, request),
-                         lambda: len(self.committed) - self.cached_len + len(request.append) + len(request.draft))
+                         lambda: len(self.committed) - self.cached_len + len(request.append) + len(request.draft),
+                         split=partial(self._split_verify, request))
 
-    def _plan_verify(self, request: Verify) -> Planned:
+    def _split_verify(self, request: Verify, limit: int) -> tuple[Shareable, Shareable] | None:
+        """Chunked prefill of a round: (a piece of at most `limit` history tokens, the round after it),
+        or None when the history the cache lacks is that short. The request is checked first, and its
+        appended tokens become history (the round that follows appends nothing)."""
+        if len(self.committed) - self.cached_len + len(request.append) - 1 <= limit:
+            return None
+        if request.append:
+            self._check_verify(request)
+            if not self.sampling.greedy:
+                self._checked_dists(request)
+            self.committed += list(request.append)
+            request = msgspec.structs.replace(request, committed_len=len(self.committed), append=[])
+        return self._prefill_work(limit), self.verify_work(request)
+
+    def _prefill_work(self, limit: int) -> Shareable:
+        """Up to `limit` committed tokens the cache lacks (never the last one: the next round feeds it)."""
+        def plan(so_far: PassSoFar | None = None) -> Planned:
+            self.ensure_cache()
+            feed = self.committed[self.cached_len:min(self.cached_len + limit, len(self.committed) - 1)]
+
+            def finish(result: np.ndarray, forward_s: float) -> None:
+                self.cached_len += len(feed)
+                self._prefill_s += forward_s
+
+            return Planned(Pass(self.cache, feed, 1, argmax_only=True), finish, self._undo)
+
+        return Shareable(self.backend, plan, lambda: min(limit, len(self.committed) - 1 - self.cached_len))
+
+    def ensure_cache(self) -> None:
+        """Allocate the KV cache if it is not yet (SessionError sessions_full when there is no memory)."""
+        if self.cache is not None or self._closed:
+            return
+        try:
+            self.cache = self.backend.new_cache()
+        except CacheFull as exc:
+            raise SessionError("sessions_full", f"the service has no KV memory for this session now ({exc}): "
+                               "reconnect in a few seconds, or use another replica", fatal=True) from exc
+
+    def _plan_verify(self, request: Verify, so_far: PassSoFar | None = None) -> Planned:
         """Check the request and build its share of a pass; nothing changes until `finish`."""
-        self._check_seq(request.seq)
-        self._check_committed(request.committed_len)
-        # lengths before ids: a request over a limit is refused without reading what it holds
+        history = self._check_verify(request)
+        self.ensure_cache()
         k = len(request.draft)
-        if k > self.limits.max_draft:
-            raise SessionError("draft_too_long", f"draft of {k} tokens exceeds the limit of {self.limits.max_draft}")
-        history = len(self.committed) + len(request.append)
-        if history == 0:
-            raise SessionError("empty_context", "nothing to continue: append at least one prompt token (BOS)")
-        if history + k + 1 > self.limits.max_context:
-            raise SessionError(
-                "context_full",
-                f"{history} tokens + {k} drafted + 1 exceeds the context limit of {self.limits.max_context}")
-        self._check_tokens(request.append, "append")
-        self._check_tokens(request.draft, "draft")
         draft_dists = None if self.sampling.greedy else self._checked_dists(request)
         feed = self.committed[self.cached_len:] + list(request.append) + list(request.draft)
 
@@ -103,11 +163,31 @@ class Session:
             self.cached_len = len(self.committed) - 1
             self.backend.truncate(self.cache, self.cached_len)
             self.last_seq = request.seq
+            forward_s, self._prefill_s = forward_s + self._prefill_s, 0.0  # the round's pieces count as its pass
             return Verdict(seq=request.seq, accepted=accepted, token=token,
                            committed_len=len(self.committed),
                            forward_s=forward_s, accept_s=time.perf_counter() - started)
 
         return Planned(Pass(self.cache, feed, k + 1, argmax_only=self.sampling.greedy), finish, self._undo)
+
+    def _check_verify(self, request: Verify) -> int:
+        """Refuse a round that cannot run (SessionError); the length of its history before the draft."""
+        self._check_seq(request.seq)
+        self._check_committed(request.committed_len)
+        # lengths before ids: a request over a limit is refused without reading what it holds
+        k = len(request.draft)
+        if k > self.limits.max_draft:
+            raise SessionError("draft_too_long", f"draft of {k} tokens exceeds the limit of {self.limits.max_draft}")
+        history = len(self.committed) + len(request.append)
+        if history == 0:
+            raise SessionError("empty_context", "nothing to continue: append at least one prompt token (BOS)")
+        if history + k + 1 > self.limits.max_context:
+            raise SessionError(
+                "context_full",
+                f"{history} tokens + {k} drafted + 1 exceeds the context limit of {self.limits.max_context}")
+        self.check_tokens(request.append, "append")
+        self.check_tokens(request.draft, "draft")
+        return history
 
     def _undo(self) -> None:
         """Drop what a failed pass may have left in the cache past the committed prefix."""
@@ -127,36 +207,98 @@ class Session:
         if history + 1 > self.limits.max_context:
             raise SessionError("context_full", f"{history} tokens leave no room under the context limit "
                                                f"of {self.limits.max_context}")
-        self._check_tokens(request.append, "append")
-        self._check_tokens(request.stop_ids, "stop_ids")
+        self.check_tokens(request.append, "append")
+        self.check_tokens(request.stop_ids, "stop_ids")
         self.committed += list(request.append)
         self.last_seq = request.seq
 
     def generate_step(self) -> tuple[int, float, float]:
         """One token by the target alone, in a pass of its own; returns (token, when the step
         started, forward seconds)."""
-        return self.next_token_work()()
+        step = self.stream_work()()
+        return step.tokens[0], step.started, step.forward_s
 
     def next_token_work(self) -> Shareable:
         """The next server-only token as device work that may share a pass with other sessions'."""
-        return Shareable(self.backend, self._plan_token, lambda: len(self.committed) - self.cached_len)
+        return self.stream_work()
 
-    def _plan_token(self) -> Planned:
+    def stream_work(self, drafts: StreamDrafts | None = None, stop_ids: frozenset[int] = frozenset(),
+                    room: int = 1, costs: PassCosts | None = None) -> Shareable:
+        """A stream's next pass as device work that may share a pass with other sessions': the
+        target's next token, after the guesses of `drafts` that the pass chooses to verify.
+
+        `room`: tokens the stream may still make (the block leaves one for the target's own);
+        `costs`: the device's cost curve, which prices the guesses (none: every guess is taken)."""
+        def tokens() -> int:  # what the pass must feed, for the queue's token budget: guesses fill what is left
+            return len(self.committed) - self.cached_len
+
+        work = Shareable(self.backend, partial(self._plan_stream_pass, drafts, stop_ids, room, costs), tokens)
+        work.split = partial(self._split_stream, work)
+        return work
+
+    def _split_stream(self, work: Shareable, limit: int) -> tuple[Shareable, Shareable] | None:
+        """Chunked prefill before a stream's pass: (a piece, the same pass after it), or None."""
+        if len(self.committed) - self.cached_len - 1 <= limit:
+            return None
+        return self._prefill_work(limit), work
+
+    def _guesses(self, drafts: StreamDrafts | None, stop_ids: frozenset[int], room: int) -> tuple[list[int], str]:
+        """The pending guesses a pass may verify: within the limits, and none after a stop token."""
+        if drafts is None:
+            return [], ""
+        guesses, source = drafts.block(self.committed)
+        cap = min(self.limits.max_draft, room - 1, self.limits.max_context - len(self.committed) - 1)
+        guesses = guesses[:max(cap, 0)]
+        for i, token in enumerate(guesses):
+            if token in stop_ids:  # what would follow a stop is never sent
+                return guesses[: i + 1], source
+        return guesses, source
+
+    def _plan_stream_pass(self, drafts: StreamDrafts | None, stop_ids: frozenset[int], room: int,
+                          costs: PassCosts | None, so_far: PassSoFar | None = None) -> Planned:
+        self.ensure_cache()
         started = time.perf_counter()
-        feed = self.committed[self.cached_len:]
+        so_far = so_far if so_far is not None else PassSoFar()
+        position = len(self.committed)  # of the first guess, and of the target's token if there is none
+        unrun = self.committed[self.cached_len:]
+        guesses, source = self._guesses(drafts, stop_ids, room)
+        room_left = min(len(guesses), so_far.budget - so_far.tokens - len(unrun), so_far.share + 0.999)
+        guesses = guesses[:max(0, int(room_left))]
+        take = len(guesses)
+        if guesses and costs is not None:
+            take = best_block(len(guesses), drafts.acceptance, costs.seconds, len(unrun), so_far)
+        block = guesses[:take]
+        expected = sum(drafts.acceptance ** i for i in range(len(block) + 1)) if block else 1.0
 
-        def finish(result: np.ndarray, forward_s: float) -> tuple[int, float, float]:
-            if self.sampling.greedy:  # result: the (1,) argmax id
-                token = int(result[0])
-            else:  # result: the (1, V) logits
-                probs = warp(result[0], self.sampling)
-                draw = self.randomness.at(len(self.committed), Decision.TOKEN)
-                token = int(draw.choice(probs.shape[0], p=probs))
-            self.committed.append(token)
+        def finish(result: np.ndarray, forward_s: float) -> StreamStep:
+            # result: (b + 1,) argmax ids (greedy) or (b + 1, V) logits; row i scores position + i
+            accepted = 0
+            while accepted < len(block) and block[accepted] == self._target_pick(result, position, accepted):
+                accepted += 1
+            ends = [i for i, token in enumerate(block[:accepted]) if token in stop_ids]
+            if ends:  # the stream ends at a kept stop token: nothing of the target's after it
+                made = block[: ends[0] + 1]
+            else:
+                made = block[:accepted] + [self._target_pick(result, position, accepted)]
+            self.committed += made
             self.cached_len = len(self.committed) - 1
-            return token, started, forward_s
+            self.backend.truncate(self.cache, self.cached_len)
+            if drafts is not None:
+                drafts.after_pass(position, block, accepted)
+            forward_s, self._prefill_s = forward_s + self._prefill_s, 0.0  # its prefill pieces count as its pass
+            return StreamStep(made, min(accepted, len(made)), len(block), source if block else "", started,
+                              forward_s, so_far.tokens, so_far.sessions)
 
-        return Planned(Pass(self.cache, feed, 1, argmax_only=self.sampling.greedy), finish, self._undo)
+        return Planned(Pass(self.cache, unrun + block, len(block) + 1, argmax_only=self.sampling.greedy),
+                       finish, self._undo, expected)
+
+    def _target_pick(self, result: np.ndarray, position: int, row: int) -> int:
+        """The target's token at position + row: its argmax, or the race of its warped distribution
+        over this session's clocks for that position."""
+        if self.sampling.greedy:
+            return int(result[row])
+        probs = warp(result[row], self.sampling)
+        return race_choice(probs, self.randomness.race(position + row, probs.shape[0]))
 
     def sync(self, request: Sync) -> Synced:
         """Adopt the client's history (and its new seed, if it sends one); keep the cached prefix
@@ -165,13 +307,14 @@ class Session:
             raise SessionError("context_full", f"history of {len(request.tokens)} tokens exceeds the context limit")
         if seed_problem(request.seed):
             raise SessionError("bad_seed", seed_problem(request.seed))
-        self._check_tokens(request.tokens, "tokens")
+        self.check_tokens(request.tokens, "tokens")
         common = 0
         limit = min(self.cached_len, len(request.tokens))
         while common < limit and self.committed[common] == request.tokens[common]:
             common += 1
         common = min(common, max(len(request.tokens) - 1, 0))
-        self.backend.truncate(self.cache, common)
+        if self.cache is not None:
+            self.backend.truncate(self.cache, common)
         self.cached_len = common
         self.committed = list(request.tokens)
         self.last_seq = request.seq  # a Sync starts a new run of sequence numbers
@@ -185,6 +328,7 @@ class Session:
         if release is not None and self.cache is not None:
             release(self.cache)
         self.cache = None
+        self._closed = True
         give_back_free_memory()
 
     def _check_committed(self, committed_len: int) -> None:
@@ -199,7 +343,8 @@ class Session:
             raise SessionError(
                 "bad_seq", f"sequence number {seq} out of order: expected {self.last_seq + 1}; send Sync")
 
-    def _check_tokens(self, tokens: list[int], field: str) -> None:
+    def check_tokens(self, tokens: list[int], field: str) -> None:
+        """SessionError bad_token if an id is outside the target's vocabulary."""
         vocab = self.backend.vocab_size
         if not tokens or (min(tokens) >= 0 and max(tokens) < vocab):  # one pass each in C, not a loop here
             return
@@ -216,7 +361,7 @@ class Session:
         for i, (token, dist) in enumerate(zip(request.draft, request.draft_dists)):
             if len(dist.ids) != len(dist.probs) or not dist.ids:
                 raise SessionError("bad_dists", f"draft distribution {i}: ids and probs differ in length or are empty")
-            self._check_tokens(dist.ids, f"draft_dists[{i}]")
+            self.check_tokens(dist.ids, f"draft_dists[{i}]")
             probs = dist.probs
             if any(not math.isfinite(p) or p < 0.0 for p in probs) or not 0.0 < sum(probs) < math.inf:
                 raise SessionError("bad_dists", f"draft distribution {i}: probabilities must be finite and >= 0")

@@ -117,6 +117,23 @@ def service(backend_kind, service_on) -> RunningService:
     return service_on(backend_kind)
 
 
+PACED_PASS_MS = 4.0  # a GPU-like pass: about the same for 1 or 64 tokens
+
+
+@pytest.fixture(scope="session")
+def paced_service(llamacpp_target):
+    """The tiny target on llama.cpp with every pass held to about PACED_PASS_MS (the emulated
+    device, benchmarks/emulation/target.py): the tiny target alone outruns any drafter, a GPU
+    target does not, and the default mode's guesses are kept only where the drafter keeps ahead."""
+    from benchmarks.emulation.profiles import TargetProfile
+    from benchmarks.emulation.target import EmulatedTarget
+
+    profile = TargetProfile(name="tests-gpu", pass_points=((1, PACED_PASS_MS), (64, PACED_PASS_MS * 1.1)))
+    running = RunningService(EmulatedTarget(llamacpp_target, profile))
+    yield running
+    running.close()
+
+
 @pytest.fixture(scope="session")
 def close_draft(tiny):
     from local_draft.draft_model import DraftModel

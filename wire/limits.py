@@ -28,6 +28,13 @@ class ServiceLimits:
     rate_burst: int = 1000
     retry_after_s: float = 5.0  # the hint sent with a refused connection (sessions full, loading)
     drain_timeout_s: float = 30.0  # SIGTERM: how long rounds in flight may take to finish
+    # Per client (an address; remote_verify/client_gate.py): sessions held (0: half of max_sessions)
+    # and new sessions a second. A chat opens one session, and another after a reconnect or a new
+    # setting; the burst lets a client open a handful at once, the rate stops a churn.
+    max_sessions_per_client: int = 0
+    handshake_rate_per_s: float = 10.0
+    handshake_burst: int = 20
+    limit_loopback: bool = False  # clients on this machine are not limited per client (the chat, benchmarks)
 
     def problems(self) -> list[str]:
         """Every limit that cannot work, as sentences naming the flag."""
@@ -44,6 +51,13 @@ class ServiceLimits:
             found.append(f"--rate-burst must be at least 1, got {self.rate_burst}")
         if not self.drain_timeout_s >= 0:
             found.append(f"--drain-timeout must be 0 seconds or more, got {self.drain_timeout_s}")
+        if self.max_sessions_per_client < 0:
+            found.append(f"--max-sessions-per-client must be 0 (half of --max-sessions) or more, "
+                         f"got {self.max_sessions_per_client}")
+        if not self.handshake_rate_per_s > 0:
+            found.append(f"--handshake-rate must be more than 0 sessions a second, got {self.handshake_rate_per_s}")
+        if self.handshake_burst < 1:
+            found.append(f"--handshake-burst must be at least 1, got {self.handshake_burst}")
         return found
 
 

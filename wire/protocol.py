@@ -8,8 +8,14 @@ A session, as the client sees it:
     Hello     -> Welcome            (or Error, fatal, and the socket closes)
     Verify    -> Verdict            (one per round, sequence numbers 1, 2, 3, ...)
     Sync      -> Synced             (rebuild the committed history after an Error)
-    Generate  -> Generated ...      (server-only: the target alone, one frame per token,
-                                     the last with done=True; Cancel ends it early)
+    Generate  -> Generated ...      (the target streams, one frame per forward pass, the
+                                     last with done=True; Cancel ends it early)
+    Draft     (no reply)            (during a stream: the client's guesses for the positions
+                                     ahead; the service's next passes verify them)
+
+A streamed pass commits one token of the target's own, after the draft tokens it accepted:
+`Generated.accepted` of its tokens were the client's (local_draft/stream_speculator.py,
+remote_verify/stream_drafts.py).
 """
 
 from __future__ import annotations
@@ -141,16 +147,46 @@ class Generate(msgspec.Struct, tag="generate"):
     stop_ids: list[int] = []
 
 
+class Draft(msgspec.Struct, tag="draft"):
+    """During the stream started by Generate `seq`: the client's guesses for the tokens at
+    positions start, start + 1, ... (absolute positions in the history).
+
+    A chain of guesses is numbered by the client. The first Draft of a chain starts where the
+    client's received history ends: its guesses continue that history. A later Draft of the
+    same chain continues it from `start` on, replacing what earlier ones said about those
+    positions. The service checks the guesses for positions it has already committed against
+    what it committed (a chain that differs there is dropped: it guessed after another
+    text), and verifies the rest in its next pass:
+    each guess it keeps is the token the target itself chose there, greedy or sampled
+    (wire/sampling.py `race_choice`), so drafts change how fast the stream goes, never what
+    it says. No reply: the Generated frames say what was accepted.
+    """
+
+    seq: int
+    chain: int
+    start: int
+    tokens: list[int]
+    source: str = ""  # who drafted: "model", "ngram"
+
+
 class Cancel(msgspec.Struct, tag="cancel"):
     """Stop the generation started by Generate `seq`; its stream ends with done=True."""
 
     seq: int
 
 
-ClientMessage = Union[Hello, Verify, Sync, Generate, Cancel]
+ClientMessage = Union[Hello, Verify, Sync, Generate, Draft, Cancel]
 
 
 # ---- service -> client ------------------------------------------------------------------
+
+
+class PassCost(msgspec.Struct, array_like=True):
+    """What a forward pass of `tokens` tokens (one session's, from a short context) costs the
+    service's device, in milliseconds, as it measured them (remote_verify/pass_costs.py)."""
+
+    tokens: int
+    ms: float
 
 
 class Welcome(msgspec.Struct, tag="welcome"):
@@ -165,6 +201,7 @@ class Welcome(msgspec.Struct, tag="welcome"):
     protocol: int = PROTOCOL_VERSION
     max_frame_bytes: int = 0  # 0: not stated
     idle_timeout_s: float = 0.0  # a session silent this long, both ways, is closed (0: not stated)
+    pass_costs: list[PassCost] = []  # the device's cost curve c(n), a few sizes (empty: not stated)
 
 
 class Verdict(msgspec.Struct, tag="verdict"):
@@ -199,7 +236,7 @@ class Error(msgspec.Struct, tag="error"):
 
 
 class Generated(msgspec.Struct, tag="generated"):
-    """Tokens of a server-only generation, as they are made; `done` marks the last frame."""
+    """Tokens of a streamed generation, one frame per forward pass; `done` marks the last frame."""
 
     seq: int
     tokens: list[int]
@@ -208,6 +245,10 @@ class Generated(msgspec.Struct, tag="generated"):
     stop_reason: str = ""  # on the last frame: "eos", "max_tokens", "context" or "cancelled"
     forward_s: float = 0.0  # the forward passes behind these tokens
     queue_s: float = 0.0  # waiting for the device behind other sessions' work
+    accepted: int = 0  # the first `accepted` tokens were the client's draft tokens (Draft), verified
+    drafted: int = 0  # draft tokens the pass verified (accepted or not)
+    pass_tokens: int = 0  # tokens the whole pass ran, every session's (0: not stated)
+    pass_sessions: int = 0  # sessions that shared the pass (0: not stated)
 
 
 ServerMessage = Union[Welcome, Verdict, Synced, Error, Generated]

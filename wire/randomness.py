@@ -19,6 +19,16 @@ ones. Philox advances the lowest counter word as it draws, so each (what, n) own
 blocks of four 64-bit outputs before it could touch a neighbour's (one decision draws one).
 
 A seed of None means fresh entropy on each end: the service picks its own seed per session.
+
+One draw is shared on purpose: a streamed generation (Generate, with or without Draft
+frames) picks the target's token at position n by an exponential race over the noise
+`race(n)` (wire/sampling.py `race_choice`), and a drafter that knows the session's seed
+guesses that token by running the same race over its own distribution. That biases
+nothing: a guess is kept only where it *equals* the target's own pick, which is a draw from
+the target's distribution whatever the drafter guessed, so the guess decides how many
+tokens a pass commits, never which. (Rejection sampling, by contrast, accepts a draft token
+with a uniform; if that uniform were the one that drew the token, the output would lean
+towards the drafter. Hence the independent streams above for verify rounds.)
 """
 
 from __future__ import annotations
@@ -36,7 +46,8 @@ class Decision(enum.IntEnum):
     """What a service draw decides about a position; each has its own independent stream."""
 
     ACCEPT = 1  # the uniform that accepts or rejects the draft token there
-    TOKEN = 2  # the draw of the service's own token there (residual, bonus, or server-only)
+    TOKEN = 2  # the draw of the service's own token there (residual or bonus of a verify round)
+    RACE = 3  # the exponential clocks of every token at that position, in a stream (see above)
 
 
 def seed_problem(seed: int | None) -> str:
@@ -69,3 +80,8 @@ class DecisionRandomness:
         """The generator for decision `what` about the token at absolute position `position`."""
         counter = np.array([0, int(what), position, 0], dtype=np.uint64)  # (4,)
         return np.random.Generator(np.random.Philox(key=self._key, counter=counter))
+
+    def race(self, position: int, vocab_size: int) -> np.ndarray:
+        """The race's clocks at absolute `position`: (vocab_size,) independent Exp(1) variates,
+        one per token id, the same on the service and on a drafter that knows the seed."""
+        return self.at(position, Decision.RACE).standard_exponential(vocab_size)

@@ -59,3 +59,23 @@ def sample(dist: SparseDist, rng: np.random.Generator) -> int:
     """Draw one token id from a sparse distribution."""
     probs = np.asarray(dist.probs, dtype=np.float64)
     return dist.ids[int(rng.choice(len(probs), p=probs / probs.sum()))]
+
+
+def race_choice(probs: np.ndarray, clocks: np.ndarray) -> int:
+    """The token whose clock rings first when token x's clock runs at rate p(x): argmin E_x / p(x).
+
+    probs (V,) a distribution (warp's output), clocks (V,) independent Exp(1) variates
+    (DecisionRandomness.race). E_x / p(x) is exponential with rate p(x), so the first to ring
+    is x with probability p(x): a draw from probs, decided by the clocks alone. A drafter that
+    runs the same race over its own q picks the same token as often as the two distributions
+    allow (about as often as rejection sampling accepts: Daliri, Musco and Suresh 2024,
+    "Coupling without communication and drafter-invariant speculative decoding").
+    """
+    support = np.flatnonzero(probs)  # tokens warp kept
+    return int(support[np.argmin(clocks[support] / probs[support])])
+
+
+def race_choice_sparse(dist: SparseDist, clocks: np.ndarray) -> int:
+    """race_choice over a truncated distribution: a drafter's guess at the target's race."""
+    ids = np.asarray(dist.ids, dtype=np.int64)
+    return int(ids[np.argmin(clocks[ids] / np.asarray(dist.probs, dtype=np.float64))])

@@ -8,11 +8,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from app.bench.modes import MODES, MODES_BY_NAME
+from app.bench.modes import DEFAULT_MODES, MODES_BY_NAME
 from app.bench.prompts import PROMPTS
 from app.bench.report import (
-    PINNED, SHARED, render_checks, render_ngram_checks, render_sources, render_tables, summarize, write_json,
-    write_plot,
+    PINNED, SHARED, render_checks, render_ngram_checks, render_sources, render_stream_checks, render_tables,
+    summarize, write_json, write_plot,
 )
 from app.bench.runner import BenchConfig, count_runs, run_bench
 from app.generation_flags import add_sampling_arguments, sampling_params
@@ -49,15 +49,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the service's target engine (default: auto)")
     parser.add_argument("--rtt-ms", default="0,20,50,100", help="round-trip times to emulate (default: %(default)s)")
     parser.add_argument("--jitter-ms", type=float, default=0.0, help="+- spread of each round trip (default: 0)")
-    parser.add_argument("--modes", default=",".join(m.name for m in MODES),
-                        help="which modes, comma-separated (default: all: %(default)s)")
+    parser.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                        help=f"which modes, comma-separated (default: %(default)s; all: {','.join(MODES_BY_NAME)})")
     parser.add_argument("--kinds", default=",".join(PROMPTS), help="prompt kinds (default: %(default)s)")
     parser.add_argument("--prompts-per-kind", type=int, default=None, help="the first N prompts of each kind")
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens per reply (default: 128)")
     add_sampling_arguments(parser, seed=0)
-    parser.add_argument("--service-cpus", type=int, default=None,
+    parser.add_argument("--service-cpus", type=int, default=0,
                         help="cores pinned to the local service, the rest to the client, as if on two machines "
-                             "(default: half; 0: no pinning, both share every core)")
+                             "(default: 0, no pinning: both share every core, as users run them)")
     parser.add_argument("--colocated", action="store_true",
                         help="run every mode twice, as users run it (service and drafter share every core, "
                              "threads by the thread plan: modes marked /shared) and pinned (/pinned), in one table")
@@ -96,7 +96,7 @@ def run(config: BenchConfig, out_dir: Path) -> dict:
     notes = []
     if config.colocated:  # the shared layout first, then the pinned one; interleaving them would need two services
         runs = []
-        for layout, service_cpus in ((SHARED, 0), (PINNED, config.service_cpus)):
+        for layout, service_cpus in ((SHARED, 0), (PINNED, config.service_cpus or None)):
             layout_config = replace(config, service_cpus=service_cpus)
             bar = ProgressBar(f"bench ({layout}): {count_runs(config)} runs", unit="runs", scale=1)
             runs += [replace(run, mode=f"{run.mode}/{layout}") for run in run_bench(layout_config, bar)]
@@ -117,6 +117,8 @@ def run(config: BenchConfig, out_dir: Path) -> dict:
         print(render_checks(cells, config.rtts_ms, config.kinds, layout))
         print(render_ngram_checks(cells, config.rtts_ms, config.kinds, layout))
     print(render_sources(cells))
+    for layout in (SHARED, PINNED) if config.colocated else ("",):
+        print(render_stream_checks(cells, config.rtts_ms, config.kinds, layout))
     for note in notes:
         print(f"note: {note}")
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -9,25 +9,34 @@ from dataclasses import dataclass, field
 class Mode:
     name: str
     description: str
-    kind: str  # "server" (the target streams alone), "hybrid", "offline" or "reference"
-    k: int | None = None  # hybrid: draft tokens per round; None: adaptive
+    # "server" (the target streams alone), "stream" (the default: the service streams, the drafter
+    # guesses ahead), "hybrid" (the round-based loop), "offline" or "reference"
+    kind: str
+    k: int | None = None  # hybrid: draft tokens per round; stream: guesses ahead; None: adaptive
     pipeline: bool = False  # hybrid: draft the next block while a verdict is in flight
-    drafting: str = "model"  # hybrid: "model", "ngram" (no model) or "mixed" (local_draft/draft_source.py)
+    drafting: str = "model"  # "model", "ngram" (no model) or "mixed" (local_draft/draft_source.py)
 
     @property
     def uses_network(self) -> bool:
-        return self.kind in ("server", "hybrid")
+        return self.kind in ("server", "stream", "hybrid")
 
 
 MODES = [
     Mode("server", "the service generates alone and streams tokens", "server"),
+    Mode("default", "the service streams, the drafter guesses ahead while that pays (generate's and chat's "
+         "default)", "stream"),
+    Mode("stream-k4", "the service streams, the drafter always keeps up to 4 guesses ahead", "stream", k=4),
+    Mode("stream-ngram", "the service streams, guesses copied from the context (n-gram), no draft model", "stream",
+         drafting="ngram"),
+    Mode("stream-mixed", "the service streams, guesses from the n-gram copy or the model, whichever is right "
+         "more often", "stream", drafting="mixed"),
     Mode("k0", "one token per round trip, nothing drafted", "hybrid", k=0),
     Mode("k2", "hybrid, 2 draft tokens per round", "hybrid", k=2),
     Mode("k4", "hybrid, 4 draft tokens per round", "hybrid", k=4),
     Mode("k8", "hybrid, 8 draft tokens per round", "hybrid", k=8),
     Mode("auto", "hybrid, k chosen each round", "hybrid", k=None),
-    Mode("auto+ahead", "hybrid, k chosen each round, next block drafted during the round trip", "hybrid",
-         k=None, pipeline=True),
+    Mode("auto+ahead", "hybrid rounds, k chosen each round, next block drafted during the round trip (the "
+         "default before streaming)", "hybrid", k=None, pipeline=True),
     Mode("ngram", "hybrid, drafts copied from the context (n-gram), no draft model; k chosen each round",
          "hybrid", k=None, drafting="ngram"),
     Mode("mixed", "auto+ahead, each round's draft from the n-gram copy or the model, by measured benefit",
@@ -37,6 +46,7 @@ MODES = [
 ]
 MODES_BY_NAME = {mode.name: mode for mode in MODES}
 FIXED_K = ("k0", "k2", "k4", "k8")  # what adaptive k is held against
+DEFAULT_MODES = ("server", "k0", "auto+ahead", "default")  # the baseline, one round trip a token, rounds, streaming
 
 
 @dataclass

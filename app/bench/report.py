@@ -177,6 +177,30 @@ def render_checks(cells: list[Cell], rtts_ms: list[float], kinds: list[str], lay
     return "\n".join(out)
 
 
+def render_stream_checks(cells: list[Cell], rtts_ms: list[float], kinds: list[str], layout: str = "") -> str:
+    """The default mode against what a user would pick instead: the service streaming alone
+    (`--mode server`, the baseline), one round trip a token (k0) and the round-based loop."""
+    suffix = f"/{layout}" if layout else ""
+    index = {(c.mode.removesuffix(suffix), c.rtt_ms, c.prompt_kind): c for c in cells if c.mode.endswith(suffix)}
+    out = ["", "the default mode against server-only streaming (and k0, auto+ahead) in the same cell"
+           + (f", {layout}:" if layout else ":")]
+    for kind in kinds + [ALL]:
+        for rtt in rtts_ms:
+            ours, server = index.get(("default", rtt, kind)), index.get(("server", rtt, kind))
+            if ours is None or server is None:
+                continue
+            parts = [f"tokens/s {ours.tokens_per_s / server.tokens_per_s:.2f}x",
+                     f"first token {ours.first_token_s / server.first_token_s:.2f}x",
+                     f"target busy time per token {ours.busy_ms_per_token / server.busy_ms_per_token:.2f}x"
+                     if server.busy_ms_per_token else "",
+                     f"{ours.passes_per_token:.2f} passes/token"]
+            for other in ("k0", "auto+ahead"):
+                if (other, rtt, kind) in index:
+                    parts.append(f"vs {other} {ours.tokens_per_s / index[other, rtt, kind].tokens_per_s:.2f}x")
+            out.append(f"  {kind:6s} {rtt:5g} ms: " + ", ".join(p for p in parts if p))
+    return "\n".join(out) if len(out) > 1 else ""
+
+
 def write_json(path: Path, config: dict, runs: list[Run], cells: list[Cell], notes: list[str]) -> None:
     path.write_text(json.dumps({"config": config, "notes": notes, "summary": [asdict(c) for c in cells],
                                 "runs": [asdict(r) for r in runs]}, indent=1))

@@ -113,7 +113,7 @@ def run_bench(config: BenchConfig, progress: Callable[[int, int], None]) -> list
         progress(0, total)
         for turn, (kind, index, text) in enumerate(bench_prompts(config)):
             ids = draft.tokenize(text)
-            order = _rotated([m for m in config.modes if m.kind in ("server", "hybrid", "offline")], turn)
+            order = _rotated([m for m in config.modes if m.kind in ("server", "stream", "hybrid", "offline")], turn)
             for rtt in config.rtts_ms:
                 for mode in order:
                     if mode.kind == "offline" and rtt != config.rtts_ms[0]:
@@ -140,6 +140,7 @@ def _generator(mode: Mode, url: str | None, draft, params, seed: int):
     from local_draft.server_only import ServerOnlyGenerator
     from local_draft.service_link import ServiceLink
     from local_draft.speculator import Speculator
+    from local_draft.stream_speculator import StreamSpeculator
 
     if mode.kind == "offline":
         return Speculator(draft, None, params, seed=seed), None
@@ -149,6 +150,9 @@ def _generator(mode: Mode, url: str | None, draft, params, seed: int):
     link = ServiceLink(url, hello)
     if mode.kind == "server":
         return ServerOnlyGenerator(link, draft.end_ids), link
+    if mode.kind == "stream":
+        return StreamSpeculator(draft, link, params, seed=seed, max_block=mode.k, drafting=mode.drafting,
+                                end_ids=draft.end_ids), link
     return Speculator(draft, link, params, k=mode.k, seed=seed, pipeline=mode.pipeline, drafting=mode.drafting,
                       end_ids=draft.end_ids), link
 

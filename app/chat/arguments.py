@@ -46,6 +46,9 @@ def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
     service.add_argument("--ca-file", default=env("SPECWIRE_CA_FILE"), help="CA certificates for a wss:// --server")
     service.add_argument("--offline", action="store_true", help="start with the draft model alone (/online later)")
     generation = parser.add_argument_group("generation")
+    generation.add_argument("--mode", choices=["hybrid", "rounds"], default="hybrid",
+                            help="hybrid: the service streams and verifies the drafter's guesses as they arrive "
+                                 "(default); rounds: draft a block, wait for its verdict, repeat")
     add_k_argument(generation)
     add_sampling_arguments(generation)
     generation.add_argument("--system", help="system prompt (default: the resumed chat's, or the template's)")

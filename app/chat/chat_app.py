@@ -31,4 +31,4 @@ class ChatApp(App):
         yield from super().get_system_commands(screen)
         if isinstance(screen, ChatScreen):
             for command in COMMANDS:
-                yield SystemCommand(command.usage, command.help, partial(screen.palette_command, command))
+                yield SystemCommand(command.usage, command.help, partial(screen.commands.from_palette, command))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from pathlib import Path
 from typing import Callable
 
@@ -34,8 +33,9 @@ from app.chat.messages import (
     TokensCommitted,
 )
 from app.chat.problem_screen import ProblemScreen
+from app.chat.reply_stream import STREAM_FPS, ReplyStream
 from app.chat.settings import ChatSettings
-from app.chat.slash_commands import SlashCommand, is_command, parse
+from app.chat.slash_commands import is_command
 from app.chat.slash_handlers import SlashHandlers
 from app.chat.state import BusyError, Connection, LiveStats, StartupProblem
 from app.chat.widgets.assistant_turn import AssistantTurn
@@ -48,8 +48,6 @@ from app.chat.widgets.turns import Notice, UserTurn
 from models.registry import RegistryError, get_pair
 
 log = logging.getLogger(__name__)
-
-STREAM_FPS = 20  # screen updates a second while a reply streams
 
 
 class ChatScreen(Screen):
@@ -72,13 +70,9 @@ class ChatScreen(Screen):
         self.ready = False
         self.replying = False
         self.working = ""  # what a slow command is doing ("connecting ..."), shown in the status line
-        self.stopping = False  # esc was pressed: the reply ends within a round (ReplyFinished clears it)
-        self.stop_requested = threading.Event()
-        self.current: AssistantTurn | None = None  # the reply streaming now
-        self._unshown: list[TokensCommitted] = []  # rounds committed but not drawn yet
+        self.stream = ReplyStream(self)  # the reply on screen, from its start to its end
         self.stats = LiveStats(self.engine.mode, settings.k, 0)
         self.problem: StartupProblem | None = None  # the last startup problem shown
-        self.prompt_tokens = 0  # of the reply in progress, or the last one: for the context meter
         self.context_used = self._context_of_saved_turns()
 
     # ---- layout ---------------------------------------------------------------------
@@ -92,8 +86,8 @@ class ChatScreen(Screen):
                              f"{'s' if len(conversation.turns) != 1 else ''}")
             yield from self._turn_widgets()
             yield LoadingPanel(self.settings.steady_display)
+        # Enabled from the start: a message sent before the service is up waits for it (ReplyStream).
         prompt = PromptInput(sent_prompts=[turn.user for turn in conversation.turns], id="prompt")
-        prompt.disabled = True
         if self.settings.steady_display:
             prompt.cursor_blink = False
         yield prompt
@@ -137,7 +131,8 @@ class ChatScreen(Screen):
         # of once a round, so the screen never holds the generation back. The timer only queues
         # the update: run on the timer's own task it overlapped the handlers (a reply's end, a
         # command), which then saw a half-shown reply.
-        self.set_interval(1 / STREAM_FPS, lambda: self.call_later(self._show_tokens))
+        self.set_interval(1 / STREAM_FPS, lambda: self.call_later(self.stream.show_tokens))
+        self.query_one(PromptInput).focus()
         self.start_engine()
 
     def _restyle(self, theme) -> None:
@@ -149,7 +144,7 @@ class ChatScreen(Screen):
         self.show_status()
 
     def on_unmount(self) -> None:
-        self.stop_requested.set()
+        self.stream.stop_requested.set()
         self.engine.close()
 
     # ---- starting -------------------------------------------------------------------
@@ -191,14 +186,20 @@ class ChatScreen(Screen):
     async def on_engine_ready(self, message: EngineReady) -> None:
         self.working = ""
         await self.query(LoadingPanel).remove()
-        prompt = self.query_one(PromptInput)
-        prompt.disabled = False
-        prompt.focus()
         self.ready = True
+        if not self.replying:
+            self.query_one(PromptInput).focus()
         self.show_status()
+        await self.stream.run_pending()
 
     def on_startup_failed(self, message: StartupFailed) -> None:
         self.problem = message.problem
+        if self.stream.pending is not None and message.problem.offline_possible and self.drafting_model():
+            # A message waits: answer it offline, as a service lost mid-reply is handled.
+            self.stream.current.add_note(f"the verification service did not come ({message.problem}): "
+                                         "answered offline, unverified tokens are marked (/online tries again)")
+            self._after_problem("offline")
+            return
         for panel in self.query(LoadingPanel):
             panel.stop_clock()  # behind the dialog nothing is being waited for
         self.app.push_screen(ProblemScreen(message.problem), self._after_problem)
@@ -212,23 +213,28 @@ class ChatScreen(Screen):
                 panel.restart_clock("retrying")
             self.connect_engine(ready=True)
         else:
-            self.app.exit(return_code=2, message=f"specwire chat: {self.problem}")
+            unsent = f"\nyour message was not sent: {self.stream.pending}" if self.stream.pending else ""
+            self.app.exit(return_code=2, message=f"specwire chat: {self.problem}{unsent}")
 
     # ---- sending and streaming ------------------------------------------------------
 
     async def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
         text = message.text
-        if not text.strip() or not self.ready:
+        if not text.strip():
+            return
+        if is_command(text) and not self.ready:
+            self.add_notice("the chat is still starting: commands wait until it is ready", "warning")
             return
         if is_command(text):
-            await self.run_command_text(text)
+            await self.commands.carry_out(text)
             return
-        if self.replying or self.working:
+        if self.replying:
             self.add_notice("wait for the reply to end (or press esc to stop it)", "warning")
             return
         text = text[1:] if text.startswith("//") else text
         try:
-            self.engine.check_prompt(text)
+            if self.engine_waited_for() is None:  # else checked when the engine takes it
+                self.engine.check_prompt(text)
         except ValueError as exc:  # too long: the text stays in the box to be shortened
             self.add_notice(str(exc), "error")
             return
@@ -239,60 +245,29 @@ class ChatScreen(Screen):
 
     async def start_reply(self, text: str) -> None:
         """Show the message and an empty reply, and generate it on the engine's worker."""
-        transcript = self.query_one("#transcript", VerticalScroll)
-        self.current = AssistantTurn(self.engine.conversation.next_turn, self.marks, self.settings.steady_display)
-        await transcript.mount_all([UserTurn(text), self.current])
-        self.follow_transcript()
-        self.stats = LiveStats(self.engine.mode, self.engine.k, 0)  # the last reply's figures are not this one's
-        self._set_replying(True)
-        self.run_reply(text)
+        await self.stream.start(text)
 
-    @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
-    def run_reply(self, text: str) -> None:
-        self.stop_requested.clear()
-        try:
-            outcome = self.engine.reply(text, self.stop_requested.is_set)
-        except ValueError as exc:
-            self.post_message(ReplyFinished(None, str(exc)))
-        except Exception as exc:  # the engine saved what it could; the app goes on
-            log.exception("the reply failed")
-            self.post_message(ReplyFinished(None, f"the reply failed: {exc!r} (details in the log file)"))
-        else:
-            self.post_message(ReplyFinished(outcome))
+    def engine_waited_for(self) -> str | None:
+        """What a message sent now must wait for before the engine takes it (None: nothing)."""
+        if not self.ready:
+            return "the verification service"
+        return f"the chat ({self.working})" if self.working else None
+
+    def drafting_model(self) -> bool:
+        """A draft model runs here, so the chat can go on offline (not so with --draft ngram)."""
+        return self.engine.drafting != "ngram"
 
     def on_reply_started(self, message: ReplyStarted) -> None:
-        if self.current is not None and self.current.turn == message.turn:
-            self.current.reading(message.prompt_tokens, message.unread_tokens)
-        self.prompt_tokens = self.context_used = message.prompt_tokens
-        self.show_status()
+        self.stream.reading(message)
 
     def on_tokens_committed(self, message: TokensCommitted) -> None:
-        self._unshown.append(message)  # shown by _show_tokens, at most STREAM_FPS times a second
-
-    async def _show_tokens(self) -> None:
-        """Put the rounds committed since the last call on screen, in one update."""
-        if not self._unshown:
-            return
-        rounds, self._unshown = self._unshown, []
-        if self.current is not None:
-            mine = [r for r in rounds if r.turn == self.current.turn]
-            await self.current.add([p for r in mine for p in r.pieces], [p for r in mine for p in r.provenance])
-        self.stats = rounds[-1].stats
-        self.context_used = self.prompt_tokens + (len(self.current.reply.provenance) if self.current else 0)
-        self.show_status()
+        self.stream.committed(message)
 
     async def on_reply_finished(self, message: ReplyFinished) -> None:
-        await self._show_tokens()
-        if self.current is not None:
-            outcome = message.outcome
-            await self.current.finish(outcome.stop_reason if outcome else "error", outcome.stats if outcome else {})
-        if message.error:
-            self.add_notice(message.error, "error")
-        self.current = None
-        self.stopping = False
+        await self.stream.finish(message)
         self.context_used = self._context_of_saved_turns()
         self.stats = self.engine.live_stats()
-        self._set_replying(False)
+        self.set_replying(False)
 
     def on_note_added(self, message: NoteAdded) -> None:
         turns = [t for t in self.query(AssistantTurn) if t.turn == message.turn] if message.turn else []
@@ -305,21 +280,23 @@ class ChatScreen(Screen):
     def on_connection_changed(self, message: ConnectionChanged) -> None:
         self.show_status()
 
-    def _set_replying(self, replying: bool) -> None:
+    def set_replying(self, replying: bool) -> None:
+        # The box stays enabled and focused: what is typed meanwhile is kept for the next message
+        # (a disabled box dropped the keys, and moved the focus that an esc then had to find).
         self.replying = replying
-        prompt = self.query_one(PromptInput)
-        prompt.disabled = replying
         if not replying:
-            prompt.focus()
+            self.query_one(PromptInput).focus()
         self.refresh_bindings()
         self.show_status()
 
-    def action_stop_reply(self) -> None:
+    async def on_prompt_input_stop_requested(self, message: PromptInput.StopRequested) -> None:
+        await self.action_stop_reply()  # esc typed into the box, after the Enter typed before it
+
+    async def action_stop_reply(self) -> None:
         if self.replying:
             # Not `working`: that blocks commands until a slow command ends, and the reply's end is
             # what ends a stop.
-            self.stop_requested.set()
-            self.stopping = True
+            await self.stream.stop()
             self.show_status()
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
@@ -328,7 +305,7 @@ class ChatScreen(Screen):
         return True
 
     async def action_list_chats(self) -> None:
-        await self.run_command_text("/chats", keep_prompt=True)
+        await self.commands.carry_out("/chats", keep_prompt=True)
 
     def action_scroll_transcript(self, pages: int) -> None:
         transcript = self.query_one("#transcript", VerticalScroll)
@@ -348,44 +325,6 @@ class ChatScreen(Screen):
             await turn.set_marks(self.marks)
 
     # ---- slash commands -------------------------------------------------------------
-
-    async def run_command_text(self, text: str, keep_prompt: bool = False) -> None:
-        """Carry out `/name argument`; on an error the text stays in the box to be fixed.
-
-        A command may return text for the box (/edit), which then replaces the command."""
-        try:
-            command, argument = parse(text)
-            for_the_box = await getattr(self.commands, command.name)(argument)
-        except ValueError as exc:
-            self.add_notice(str(exc), "error")
-            return
-        except BusyError:
-            self.add_notice("that has to wait for the reply to end (or press esc to stop it)", "warning")
-            return
-        except Exception as exc:  # a bug in one command must not take the chat down
-            log.exception("command %s failed", text)
-            self.add_notice(f"{text.split()[0]} failed: {exc!r} (details in the log file)", "error")
-            return
-        prompt = self.query_one(PromptInput)
-        if keep_prompt:  # from a key, not typed: what is in the box stays
-            self.follow_transcript()
-            return
-        prompt.remember(text)
-        prompt.clear()
-        if for_the_box:
-            prompt.load_text(for_the_box)
-            prompt.move_cursor(prompt.document.end)
-        self.follow_transcript()  # what the command said is at the bottom
-
-    def palette_command(self, command: SlashCommand) -> None:
-        """From the command palette: run it, or put it in the box when it takes an argument."""
-        if command.argument:
-            prompt = self.query_one(PromptInput)
-            prompt.load_text(f"/{command.name} ")
-            prompt.move_cursor(prompt.document.end)
-            prompt.focus()
-        else:
-            self.run_worker(self.run_command_text(f"/{command.name}"), exclusive=False)
 
     def refuse_while_busy(self) -> None:
         if self.replying or self.working:
@@ -426,11 +365,12 @@ class ChatScreen(Screen):
         self.context_used = 0
         self.show_status()
 
-    def on_command_done(self, message: CommandDone) -> None:
+    async def on_command_done(self, message: CommandDone) -> None:
         self.working = ""
         self.add_notice(message.text, "error" if message.error else "info")
         self.stats = dataclasses.replace(self.stats, mode=self.engine.mode)
         self.show_status()
+        await self.stream.run_pending()
 
     # ---- helpers --------------------------------------------------------------------
 
@@ -451,7 +391,8 @@ class ChatScreen(Screen):
         if not self.ready and not self.working:  # show the mode the chat is starting into
             mode = "offline" if self.settings.offline else "remote" if self.engine.k == 0 else "hybrid"
             stats, connection = dataclasses.replace(stats, mode=mode), Connection(False, "starting")
-        waiting = self.replying and self.current is not None and self.current.waiting
-        doing = self.working or ("stopping" if self.stopping else "waiting for the first token" if waiting else "")
+        waiting_for = self.stream.waiting_for if self.replying else ""  # the service, or the first token
+        doing = self.working or ("stopping" if self.stream.stopping else
+                                 f"waiting for {waiting_for}" if waiting_for else "")
         busy = doing + " ..." if doing else ""
         self.query_one(StatusLine).show(stats, connection, busy, (self.context_used, self.engine.context_limit))

@@ -5,12 +5,19 @@ the chat whatever way the chat ends: on a normal exit the chat terminates it, an
 crash or a SIGKILL of the chat the child sees its standard input, a pipe from the chat,
 reach end-of-file (`serve --exit-with-parent`) and stops itself. If it dies while the chat
 runs it is started again on the same port, where the client link's reconnects find it.
+
+It is the chat's alone: it takes a random token, written as the first line of that pipe
+(`serve --token-stdin`: never on a command line, which other users can read), and the same
+token after a restart. The chat connects with it and asks the service to prove it holds it
+(wire/service_proof.py), so a program of another user that takes the port while the service
+is down hears nothing of the conversation.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import secrets
 import signal
 import subprocess
 import sys
@@ -20,6 +27,10 @@ from typing import Callable, Sequence
 
 log = logging.getLogger(__name__)
 
+# The chat's session, and one a reconnect or new settings open before the old one has closed: the
+# service checks at start that this many KV caches fit this machine's memory (32, serve's default,
+# would refuse the default pair on a machine with less than 8 GB free).
+SESSIONS = 4
 READY_TIMEOUT_S = 900.0  # a cold torch start de-quantizes the target first (about 80 s here)
 MAX_RESTARTS = 3  # in a row without a stable minute between them
 STABLE_S = 60.0  # a service up this long resets the restart count
@@ -51,6 +62,7 @@ class EmbeddedService:
         self.on_output = on_output  # each line the service logs (loading progress)
         self.on_event = on_event  # (what happened, whether it is running now)
         self.process: subprocess.Popen | None = None
+        self.token = secrets.token_urlsafe(32)  # the clients' bearer token: this chat's only
         self.url: str | None = None
         self.port = 0
         self._ready = threading.Event()
@@ -68,7 +80,7 @@ class EmbeddedService:
         # -P: never import a stray `app` package from the current directory
         return [sys.executable, "-P", "-m", "app.cli", "-v", "serve", "--target", self.target,
                 "--backend", self.backend, "--host", "127.0.0.1", "--port", str(self.port), "--exit-with-parent",
-                *self.thread_flags]
+                "--token-stdin", "--max-sessions", str(SESSIONS), *self.thread_flags]
 
     def launch(self) -> None:
         """Start the child without waiting for it (the caller can load the drafter meanwhile)."""
@@ -81,10 +93,15 @@ class EmbeddedService:
         self.url = None
         self._last_lines.clear()
         log.info("starting the embedded service: %s", " ".join(self.command()))
-        # stdin is the parent-death pipe: never written, closed by the kernel when we exit
+        # stdin is the parent-death pipe: the token's line, then nothing until the kernel closes it when we exit
         process = subprocess.Popen(self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True, errors="replace")
         self.process = process
+        try:
+            process.stdin.write(self.token + "\n")
+            process.stdin.flush()
+        except OSError:  # it died at once: wait_ready reports what it said
+            pass
         threading.Thread(target=self._read_stdout, args=(process,), daemon=True,
                          name="specwire-service-stdout").start()
         threading.Thread(target=self._read_stderr, args=(process,), daemon=True,

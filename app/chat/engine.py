@@ -6,7 +6,8 @@ methods are called from that worker or from the link's and the service's own thr
 
 A reply: the conversation is rendered with the draft GGUF's chat template and tokenized
 (the oldest turns are left out when it no longer fits the context; app/chat/reply.py), the
-Speculator generates, and every committed round is saved and reported as it comes. The
+StreamSpeculator generates (the service streams, the drafter guesses ahead while that pays),
+and every committed pass is saved and reported as it comes. The
 connection to the service is app/chat/service_connection.py.
 """
 
@@ -31,6 +32,7 @@ from local_draft.draft_model import DraftModel, DraftModelError
 from local_draft.controller_memory import ControllerMemory
 from local_draft.generation_stats import GenerationStats
 from local_draft.speculator import Speculator
+from local_draft.stream_speculator import StreamSpeculator
 from local_draft.verify_client import ServiceUnreachable, VerifyError
 from wire.protocol import SamplingParams
 
@@ -49,7 +51,7 @@ class ChatEngine:
         self.chat: ChatLog | None = self.store.reopen(self.conversation.chat_id) if settings.resume else None
         self.draft: DraftModel | None = None
         self.template: ChatTemplate | None = None
-        self.speculator: Speculator | None = None  # owns k from start() on
+        self.speculator: StreamSpeculator | Speculator | None = None  # owns k from start() on
         self._memory: ControllerMemory | None = None  # where adaptive k's state is kept, once connected
         self.prompts: PromptTokens | None = None
         self.connection_to = ServiceConnection(settings, lambda: self.listener,
@@ -138,16 +140,22 @@ class ChatEngine:
                 self.listener.note(None, f"{self.settings.draft.name} carries no usable chat template: using ChatML")
             self.prompts = PromptTokens(self.draft, self.template)
             self._end_ids = self.draft.end_ids  # a scan of the vocabulary: now, not in the first reply
-            self.speculator = Speculator(self.draft, None, self.params, k=self.settings.k, seed=self.settings.seed,
-                                         pipeline=True,  # drafts the next block while a verdict is in flight
-                                         drafting=self.drafting, end_ids=self._end_ids,
-                                         resume_within_s=NO_MODEL_RESUME_S)
+            self.speculator = self._generator()
             if self.settings.system is not None and self.settings.system != self.conversation.system:
                 self._set_system(self.settings.system)
             if problem is not None:
                 raise problem
             if not self.settings.offline:
                 self._connect()
+
+    def _generator(self) -> StreamSpeculator | Speculator:
+        """The default mode (the service streams, the drafter guesses ahead while that pays), or rounds."""
+        if self.settings.mode == "rounds":
+            return Speculator(self.draft, None, self.params, k=self.settings.k, seed=self.settings.seed,
+                              pipeline=True,  # drafts the next block while a verdict is in flight
+                              drafting=self.drafting, end_ids=self._end_ids, resume_within_s=NO_MODEL_RESUME_S)
+        return StreamSpeculator(self.draft, None, self.params, seed=self.settings.seed, max_block=self.settings.k,
+                                drafting=self.drafting, end_ids=self._end_ids, resume_within_s=NO_MODEL_RESUME_S)
 
     def connect(self) -> None:
         """Go online: start the embedded service if needed and connect. Raises StartupProblem."""
@@ -164,13 +172,15 @@ class ChatEngine:
         self._use_link(self.connection_to.reopen(self._hello()))
 
     def _hello(self):
-        return self.draft.hello(self.params, seed=self.settings.seed, client="specwire chat")
+        # a stream's seed (the user's, or one it made): its drafter guesses the service's draws with it
+        seed = getattr(self.speculator, "seed", self.settings.seed)
+        return self.draft.hello(self.params, seed=seed, client="specwire chat")
 
     def _use_link(self, link) -> None:
         self.speculator.link = link
         if self._memory is None:  # the first connection: adaptive k starts from the last chat's state
             drafter = "ngram" if self.drafting == "ngram" else self.draft.path.name
-            self._memory = ControllerMemory(link.url, drafter, link.welcome.target)
+            self._memory = ControllerMemory(link.url, drafter, link.welcome.target, mode=self.settings.mode)
             self._memory.load_into(self.speculator.controller)
         max_draft = self.speculator.max_draft
         if self.k is not None and max_draft is not None and self.k > max_draft:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 from app.chat.conversation import Conversation
+from wire.visible_text import visible
 
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")  # a CommonMark code fence's opening or closing line
 
@@ -27,6 +29,12 @@ def close_open_fence(text: str) -> str:
 
 
 def to_markdown(conversation: Conversation, models: str) -> str:
+    """The chat as a Markdown document; control characters of the text are shown as symbols (a file
+    read with `cat` must not act on the terminal)."""
+    return visible(_document(conversation, models))
+
+
+def _document(conversation: Conversation, models: str) -> str:
     lines = [f"# specwire chat {conversation.chat_id or ''}".rstrip(), ""]
     if conversation.created:
         lines += [f"Started {conversation.created} · {models}", ""]
@@ -49,5 +57,7 @@ def default_path(conversation: Conversation) -> Path:
 def save_markdown(conversation: Conversation, models: str, path: Path) -> Path:
     path = path.expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(to_markdown(conversation, models), encoding="utf-8")
+    # a conversation: readable by its owner only, as the saved chats are (a file that exists keeps its mode)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as file:
+        file.write(to_markdown(conversation, models))
     return path.resolve()

@@ -16,12 +16,13 @@ from pathlib import Path
 
 from app.chat.chat_config import FROM_CONFIG, chat_defaults
 from app.chat.settings import ChatSettings
-from app.chat.store import ChatInUse, ChatNotFound, ChatStore
+from app.chat.store import ChatInUse, ChatNotFound, ChatStore, private_folder
 from app.generation_flags import drafting, sampling_params
 from app.model_paths import resolve_model
 from app.tokenizer_source import tokenizer_path
 from app.token_file import read_token_file
 from app.user_error import UserError
+from wire.visible_text import escaped
 
 
 KEEP_LOGS = 20  # the newest chats' logs are kept; older ones are removed when a chat starts
@@ -34,8 +35,7 @@ def log_dir() -> Path:
 
 def log_to_file(verbose: int) -> Path:
     """Log into a file of this process's own: two chats at once would interleave their lines in one."""
-    folder = log_dir()
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = private_folder(log_dir())  # a chat's log names its files and quotes its service
     logs = sorted(folder.glob("chat-*.log"), key=lambda p: p.name)  # named by their start: oldest first
     for old in logs[: max(0, len(logs) - (KEEP_LOGS - 1))]:
         for each in (old, old.with_name(old.name + ".1")):  # with its rotated part
@@ -59,7 +59,8 @@ def list_chats(store: ChatStore) -> int:
     width = max(len(s.id) for s in summaries)
     print(f"{'ID':{width}}  {'STARTED':16}  TURNS  FIRST MESSAGE")
     for s in summaries:
-        print(f"{s.id:{width}}  {s.created[:16].replace('T', ' '):16}  {s.turns:5d}  {s.title[:60]}")
+        print(f"{escaped(s.id):{width}}  {escaped(s.created[:16]).replace('T', ' '):16}  {s.turns:5d}  "
+              f"{escaped(s.title[:60])}")
     print(f"\nspecwire chat --resume ID continues one ({store.root})")
     return 0
 
@@ -98,7 +99,7 @@ def settings_from(args: argparse.Namespace, store: ChatStore) -> ChatSettings:
         raise UserError(str(exc)) from exc
     return ChatSettings(
         draft=draft, drafting=how, target=target, target_problem=target_problem, pair=args.pair, backend=args.backend, server=args.server,
-        token=read_token_file(args.token_file), ca_file=args.ca_file, offline=args.offline, k=args.k,
+        token=read_token_file(args.token_file), ca_file=args.ca_file, offline=args.offline, mode=args.mode, k=args.k,
         params=params, seed=args.seed, system=args.system, max_tokens=args.max_tokens, context=args.context,
         draft_gpu_layers=args.draft_gpu_layers, draft_threads=args.draft_threads, resume=resume, chats_dir=store.root,
         marks=defaults.marks)

@@ -15,7 +15,7 @@ from app.chat.settings import ChatSettings
 from app.chat.state import Connection, EngineListener, StartupProblem
 from app.threads_flags import colocated_serve_flags
 from local_draft.service_link import LinkState, ServiceLink
-from local_draft.verify_client import ServiceUnreachable, VerifyError
+from local_draft.verify_client import ServiceUnreachable, VerifyError, cleartext_token_problem
 from wire.protocol import Hello
 
 Note = Callable[[str], None]  # tells the user, about the reply in progress if there is one
@@ -71,15 +71,21 @@ class ServiceConnection:
         """A new session on the service already found (new sampling settings travel in Hello)."""
         self.close_link()
         self._listener().progress(f"connecting to {self.url}")
+        # the embedded service has a token of its own, and proves it holds it before the chat says a word
+        embedded = self.settings.embedded and self.service is not None
+        token = self.service.token if embedded else self.settings.token
         try:
-            link = ServiceLink(self.url, hello, token=self.settings.token, ca_file=self.settings.ca_file,
-                               on_state=self._on_link_state)
+            link = ServiceLink(self.url, hello, token=token, ca_file=self.settings.ca_file,
+                               on_state=self._on_link_state, prove_service=embedded)
         except ServiceUnreachable as exc:  # with no draft model (--draft ngram) there is no offline to offer
             raise StartupProblem("unreachable", str(exc), offline_possible=self.settings.drafting != "ngram") from exc
         except VerifyError as exc:
             what = "refused the token" if exc.code == "http_401" else "refused this chat"
             raise StartupProblem("refused", f"the verification service {what}: {exc}", retry_possible=False) from exc
         self.link = link
+        exposed = cleartext_token_problem(self.url, token)
+        if exposed:  # the log is a file while the chat runs: said in the transcript too
+            self._note(f"warning: {exposed}")
         self.max_context = link.current().welcome.max_context
         self._set_state(Connection(True, self.where()))
         return link

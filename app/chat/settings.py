@@ -22,7 +22,10 @@ class ChatSettings:
     token: str | None = None
     ca_file: str | None = None
     offline: bool = False  # start offline (online later with /online)
-    k: int | None = None  # draft tokens per round; None: adaptive ("auto"); 0: the service writes every token
+    # "hybrid": the service streams, the drafter guesses ahead (the default); "rounds": draft a block,
+    # wait for its verdict (marks on screen then follow the blocks, not the timing: tests pin it)
+    mode: str = "hybrid"
+    k: int | None = None  # guesses ahead (rounds: draft tokens per round); None: adaptive ("auto"); 0: none
     params: SamplingParams = SamplingParams()
     seed: int | None = None
     system: str | None = None  # None: keep the resumed chat's system prompt (or have none)

@@ -3,10 +3,12 @@
 Each handler is `async def name(argument)`: it changes the chat through the engine and
 tells the user through the screen. A ValueError's message is shown as an error and the
 command's text stays in the box to be fixed; a BusyError says the reply must end first.
+`carry_out` runs a command typed in the box, `from_palette` one picked in the palette.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -16,10 +18,15 @@ from app.chat.copying import code_blocks, parse_copy_argument
 from app.chat.engine import ChatEngine
 from app.chat.export import default_path, save_markdown
 from app.chat.settings import ChatSettings
-from app.chat.slash_commands import help_text, parse_temperature
+from app.chat.slash_commands import SlashCommand, help_text, parse, parse_temperature
+from app.chat.state import BusyError
 from app.chat.stats_table import stats_table
 from app.chat.store import ChatInUse, ChatNotFound, ChatSummary, in_use
+from app.chat.widgets.prompt_input import PromptInput
 from app.generation_flags import parse_k
+from wire.visible_text import escaped, without_controls
+
+log = logging.getLogger(__name__)
 
 
 class ChatView(Protocol):
@@ -29,6 +36,9 @@ class ChatView(Protocol):
     settings: ChatSettings
     app: object
 
+    def query_one(self, selector, expect_type=None): ...
+    def run_worker(self, work, **options): ...
+    def follow_transcript(self) -> None: ...
     def add_notice(self, text: str, kind: str = "info") -> None: ...
     def show_status(self) -> None: ...
     def chat_title(self) -> str: ...
@@ -45,6 +55,44 @@ class SlashHandlers:
     def __init__(self, screen: ChatView):
         self.screen = screen
         self.engine = screen.engine
+
+    async def carry_out(self, text: str, keep_prompt: bool = False) -> None:
+        """Carry out `/name argument`; on an error the text stays in the box to be fixed.
+
+        A command may return text for the box (/edit), which then replaces the command."""
+        try:
+            command, argument = parse(text)
+            for_the_box = await getattr(self, command.name)(argument)
+        except ValueError as exc:
+            self.screen.add_notice(str(exc), "error")
+            return
+        except BusyError:
+            self.screen.add_notice("that has to wait for the reply to end (or press esc to stop it)", "warning")
+            return
+        except Exception as exc:  # a bug in one command must not take the chat down
+            log.exception("command %s failed", text)
+            self.screen.add_notice(f"{text.split()[0]} failed: {exc!r} (details in the log file)", "error")
+            return
+        prompt = self.screen.query_one(PromptInput)
+        if keep_prompt:  # from a key, not typed: what is in the box stays
+            self.screen.follow_transcript()
+            return
+        prompt.remember(text)
+        prompt.clear()
+        if for_the_box:
+            prompt.load_text(for_the_box)
+            prompt.move_cursor(prompt.document.end)
+        self.screen.follow_transcript()  # what the command said is at the bottom
+
+    def from_palette(self, command: SlashCommand) -> None:
+        """From the command palette: run it, or put it in the box when it takes an argument."""
+        if command.argument:
+            prompt = self.screen.query_one(PromptInput)
+            prompt.load_text(f"/{command.name} ")
+            prompt.move_cursor(prompt.document.end)
+            prompt.focus()
+        else:
+            self.screen.run_worker(self.carry_out(f"/{command.name}"), exclusive=False)
 
     async def help(self, argument: str) -> None:
         self.screen.add_notice(help_text())
@@ -137,7 +185,9 @@ class SlashHandlers:
             if which >= len(blocks):
                 raise ValueError(f"the last reply has {len(blocks)} code block{'s' if len(blocks) > 1 else ''}")
             text = blocks[which]
-        # OSC 52: the terminal puts it on the system clipboard; nothing says whether it did
+        # OSC 52: the terminal puts it on the system clipboard; nothing says whether it did. Pasted into a
+        # terminal, an escape sequence of the model's would run there: control characters stay behind
+        text = without_controls(text)
         self.screen.app.copy_to_clipboard(text)
         what = "the last reply" if which is None else "a code block"
         self.screen.add_notice(f"copied {what} ({len(text):,} characters) to the terminal's clipboard (OSC 52). "
@@ -181,8 +231,8 @@ def chat_list(summaries: list[ChatSummary], current: str | None) -> str:
     lines = [f"{'#':>3}  {'ID':{width}}  {'STARTED':16}  TURNS  FIRST MESSAGE"]
     for number, s in enumerate(summaries, 1):
         where = " (this chat)" if s.id == current else " (open elsewhere)" if in_use(s.path) else ""
-        lines.append(f"{number:>3}  {s.id:{width}}  {s.created[:16].replace('T', ' '):16}  {s.turns:5d}  "
-                     f"{s.title[:50]}{where}")
+        lines.append(f"{number:>3}  {escaped(s.id):{width}}  {escaped(s.created[:16]).replace('T', ' '):16}  "
+                     f"{s.turns:5d}  {escaped(s.title[:50])}{where}")
     lines += ["", "/chats open N|ID continues one · /chats delete N|ID removes one"]
     return "\n".join(lines)
 

@@ -2,6 +2,9 @@
 
     $XDG_DATA_HOME/specwire/chats/<id>.jsonl      (default ~/.local/share/specwire/chats)
 
+A conversation is private: chat files are created 0600 and their folder 0700 (an older,
+wider folder is narrowed when a chat is created in it).
+
 Each event is one line, written when it happens: the user's message before its reply
 starts, every round's committed tokens as they are committed, notes (the service lost,
 old turns left out of the context), and the end of each reply with its statistics. A line
@@ -28,6 +31,8 @@ import msgspec
 log = logging.getLogger(__name__)
 
 FSYNC_EVERY_S = 1.0  # while a reply streams: at most one fsync a second
+PRIVATE_FILE = 0o600  # a chat is read by its owner only
+PRIVATE_FOLDER = 0o700
 
 
 class ChatStarted(msgspec.Struct, tag="chat", tag_field="type"):
@@ -118,7 +123,8 @@ class ChatLog:
     def __init__(self, path: Path):
         self.path = path
         self.id = path.stem
-        self._file = open(path, "ab")
+        # os.open with a mode: created 0600 whatever the umask (open() would make it 0644)
+        self._file = os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, PRIVATE_FILE), "ab")
         try:  # held while the file is open; the system drops it when the process ends, even by kill -9
             fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -163,7 +169,7 @@ class ChatStore:
         self.root = root or chats_dir()
 
     def create(self, draft: str, service: str) -> ChatLog:
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_folder(self.root)
         chat_id = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
         chat = ChatLog(self.root / f"{chat_id}.jsonl")
         chat.write(ChatStarted(id=chat_id, created=now_iso(), draft=draft, service=service), durable=True)
@@ -225,6 +231,17 @@ class ChatStore:
                     turns = {turn for turn in turns if turn < event.turn}
             summaries.append(ChatSummary(path.stem, created, len(turns), title, path.stat().st_mtime, path))
         return sorted(summaries, key=lambda s: s.modified, reverse=True)
+
+
+def private_folder(folder: Path) -> Path:
+    """`folder`, made if missing, readable by its owner only (0700; one made before this rule is narrowed)."""
+    folder.mkdir(parents=True, exist_ok=True, mode=PRIVATE_FOLDER)
+    if folder.stat().st_mode & 0o077:
+        try:
+            folder.chmod(PRIVATE_FOLDER)
+        except OSError as exc:  # not ours: say so, and go on (the files in it are 0600 still)
+            log.warning("cannot make %s private (chmod 700): %s", folder, exc.strerror)
+    return folder
 
 
 def read_events(path: Path) -> Iterator[Event]:

@@ -16,11 +16,20 @@ full, one of twice as many slots into which every session moves (its cells copie
 (every session of the service on a GPU; on the CPU as many as 2 GiB hold, CPU_POOL_BYTES,
 since allocating a pool holds every session); only then a second pool starts. When a pool's
 sessions fall to a quarter of its slots they move into one just big enough for them, and a
-pool whose last session closes is freed, so memory follows the sessions both ways (at most
-twice what they use, three times for the moment of a move). A pool that cannot be allocated
+pool whose last session closes is freed, both after a while (below), so memory follows the
+sessions both ways (at most twice what they use, three times for the moment of a move, more
+for POOL_KEEP_S after sessions leave). A pool that cannot be allocated
 refuses the new session (`CacheFull`: the client is told the service's KV memory is full and
 when to retry); sessions already open are never evicted, and a move that fails leaves them
 where they were.
+
+Pools shrink late, not at once: a few sessions opening and closing around a grow and a shrink
+point made the device thread allocate, zero and copy whole pools over and over (3.3 GB a cycle
+for the default 1.5B), holding every other session meanwhile. So a pool left empty, or at a
+quarter of its slots or fewer, is kept as it is for POOL_KEEP_S, and new sessions take its free
+slots; `tidy()` (the service calls it every few seconds) frees or shrinks it once it has been
+that quiet that long. When the service's last session closes, every pool is freed at once:
+nobody is left to be held up by an allocation, and memory goes back to the baseline.
 
 Why a stream per sequence: attention sums over the cache cells of a stream in cell order, in
 SIMD lanes by cell index. In a unified cache a session's cells sit wherever the others left
@@ -58,8 +67,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from remote_verify.backends import CacheFull, Pass
 from remote_verify.backends.llama_pass_plan import DecodeCosts, PassLayout, plan_lengths, ubatch_count
+from remote_verify.backends.target import CacheFull, Pass
 from wire.llama_switches import prepare_llama_cpp
 from wire.threads import service_threads
 
@@ -107,6 +116,7 @@ def has_llamafile_kernels() -> bool:
 # pool is a device allocation, quick: every session of the service fits one.
 CPU_POOL_BYTES = 2 << 30
 MAX_SLOTS = 256  # llama.cpp's LLAMA_MAX_SEQ: sequences a context can hold
+POOL_KEEP_S = 30.0  # an empty or mostly empty pool is kept this long before tidy() frees or shrinks it
 
 
 class KvPool:
@@ -117,6 +127,12 @@ class KvPool:
         self.memory = llama_cpp.llama_get_memory(context.ctx)
         self.live: dict[int, LlamaCache] = {}  # sequence id -> the session's cache
         self.slots = slots
+        self.quiet_since: float | None = None  # since when it has been empty or at a quarter of its slots
+
+    def note_use(self, grow: bool) -> None:
+        """Start or stop its quiet clock by how many slots are in use now."""
+        quiet = self.empty or (grow and len(self.live) <= self.slots // 4)
+        self.quiet_since = (self.quiet_since or time.monotonic()) if quiet else None
 
     @property
     def free(self) -> list[int]:
@@ -211,6 +227,7 @@ class LlamaCppTarget:
         llama_cpp.llama_memory_seq_rm(pool.memory, seq, -1, -1)  # what a previous session left
         cache = LlamaCache(pool, seq)
         pool.live[seq] = cache
+        pool.note_use(self.grow)
         return cache
 
     def _move_sessions(self, pool: KvPool, size: int) -> KvPool:
@@ -376,9 +393,8 @@ class LlamaCppTarget:
         cache.length = min(cache.length, length)
 
     def release(self, cache: LlamaCache) -> None:
-        """Give the session's slot back; a pool left empty is freed (its memory goes back now),
-        and one left with a quarter of its slots or fewer in use moves them into a pool just big
-        enough (with grow; where that pool cannot be allocated they stay)."""
+        """Give the session's slot back. Its pool is kept (see the module docstring: `tidy` frees or
+        shrinks it later), unless no session is left in any pool: then every pool is freed now."""
         pool = cache.pool
         if cache.released:
             return
@@ -386,15 +402,34 @@ class LlamaCppTarget:
         llama_cpp.llama_memory_seq_rm(pool.memory, cache.seq, -1, -1)
         del pool.live[cache.seq]
         cache.length = 0
-        if pool.empty:
-            self._pools.remove(pool)
-            pool.context.close()
-        elif self.grow and len(pool.live) <= pool.slots // 4:
-            size = 1 << (len(pool.live) - 1).bit_length()  # the power of two that holds them
-            try:
-                self._move_sessions(pool, size)
-            except CacheFull as exc:
-                log.warning("KV pool of %d slots kept for %d sessions: %s", pool.slots, len(pool.live), exc)
+        pool.note_use(self.grow)
+        if all(each.empty for each in self._pools):
+            for each in self._pools:
+                each.context.close()
+            self._pools.clear()
+
+    def tidy(self, now: float | None = None) -> bool:
+        """Free each pool that has been empty for POOL_KEEP_S, and move the sessions of one at a quarter
+        of its slots or fewer that long into a pool just big enough (where that pool cannot be
+        allocated they stay). True when memory was given back."""
+        now = time.monotonic() if now is None else now
+        changed = False
+        for pool in list(self._pools):
+            if pool.quiet_since is None or now - pool.quiet_since < POOL_KEEP_S:
+                continue
+            if pool.empty:
+                self._pools.remove(pool)
+                pool.context.close()
+                changed = True
+            elif self.grow and len(pool.live) <= pool.slots // 4:
+                size = 1 << (len(pool.live) - 1).bit_length()  # the power of two that holds them
+                try:
+                    self._move_sessions(pool, size).note_use(self.grow)
+                    changed = True
+                except CacheFull as exc:
+                    log.warning("KV pool of %d slots kept for %d sessions: %s", pool.slots, len(pool.live), exc)
+                    pool.quiet_since = now  # try again after another while
+        return changed
 
     def _logits_view(self, pool: KvPool, row: int) -> np.ndarray:
         pointer = llama_cpp.llama_get_logits_ith(pool.context.ctx, row)

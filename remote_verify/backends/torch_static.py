@@ -34,8 +34,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from remote_verify.backends import CacheFull, Pass
 from remote_verify.backends.qwen2_static import StaticKV, StaticQwen2
+from remote_verify.backends.target import CacheFull, Pass
 from remote_verify.backends.torch_backend import TorchTarget
 
 log = logging.getLogger(__name__)

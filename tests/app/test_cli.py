@@ -128,7 +128,8 @@ def test_models_list_shows_every_pair_and_where_it_lives(tmp_path):
 
 
 def test_a_draft_length_beyond_the_services_limit_is_drafted_at_the_limit(tiny_dir):
-    """`serve --max-draft 4` against `generate --k 8` and `--k auto`: no error, no round over 4, same tokens."""
+    """`serve --max-draft 4` against `generate --mode rounds --k 8` and `--k auto`: no error, no round over 4,
+    same tokens; the default mode's passes never verify more than 4 guesses either."""
     process = subprocess.Popen([SPECWIRE, "serve", "--target", str(tiny_dir / "target.gguf"), "--backend", "llamacpp",
                                 "--port", "0", "--max-draft", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
@@ -138,10 +139,12 @@ def test_a_draft_length_beyond_the_services_limit_is_drafted_at_the_limit(tiny_d
         url = line.split()[-1]
         alone = _generate(tiny_dir, url, "draft.gguf", "--k", "0")
         for k in ("8", "auto"):
-            capped = _generate(tiny_dir, url, "draft.gguf", "--k", k)
+            capped = _generate(tiny_dir, url, "draft.gguf", "--mode", "rounds", "--k", k)
             drafted = capped["stats"]["drafted_per_position"]
             assert 0 < len(drafted) <= 4, (k, drafted)  # positions 1..4 drafted, never a 5th
             assert capped["token_ids"] == alone["token_ids"]
+        streamed = _generate(tiny_dir, url, "draft.gguf", "--k", "8")
+        assert len(streamed["stats"]["drafted_per_position"]) <= 4 and streamed["token_ids"] == alone["token_ids"]
     finally:
         process.kill()
         process.wait()

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from app.cli import build_parser, main
+from tests.remote_verify.test_access import tls_files  # noqa: F401  (a fixture: a CA and a certificate it signed)
 from wire.limits import BATCH_TOKENS, ServiceLimits
 
 
@@ -60,7 +61,7 @@ def test_serve_verifies_with_batch_invariant_kernels_unless_told_not_to(tiny, fl
 def test_an_onnx_target_is_not_served_batch_invariant(tmp_path):
     """ONNX Runtime has no such mode: asking for it says so and names the backends that have it."""
     from models.onnx_manifest import MANIFEST_NAME
-    from remote_verify.backends import load_backend
+    from remote_verify.backends.factory import load_backend
 
     (tmp_path / MANIFEST_NAME).write_text("{}")
     with pytest.raises(ValueError, match="no batch-invariant mode.*llamacpp or torch"):
@@ -78,3 +79,36 @@ def test_serve_torch_static_gives_each_allowed_session_a_slot_of_the_context_lim
     log = process.communicate(timeout=30)[1]
     assert line.startswith("listening on"), log
     assert "static KV cache: 3 slots of 512 positions (torch.float32), CUDA graphs off" in log, log
+
+
+def _serve_log(tiny, *flags: str) -> str:
+    process = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--target", str(tiny.target_gguf),
+                                "--port", "0", *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = process.stdout.readline()
+    process.terminate()
+    log = process.communicate(timeout=30)[1]
+    assert line.startswith("listening on"), log
+    return log
+
+
+def test_a_token_without_tls_on_a_public_address_is_warned_about(tiny, tmp_path, tls_files):
+    """`serve --host 0.0.0.0 --token-file` without TLS says loudly that clients send the token in the
+    clear; on loopback, or with TLS, it does not."""
+    token = tmp_path / "token"
+    token.write_text("s3cret")
+    token.chmod(0o600)
+    warning = "with a token but without TLS: every client sends the token in the clear"
+    assert warning in _serve_log(tiny, "--host", "0.0.0.0", "--token-file", str(token))
+    assert warning not in _serve_log(tiny, "--host", "127.0.0.1", "--token-file", str(token))
+    assert warning not in _serve_log(tiny, "--host", "0.0.0.0", "--token-file", str(token),
+                                     "--tls-cert", str(tls_files["cert"]), "--tls-key", str(tls_files["key"]))
+
+
+def test_sessions_whose_kv_memory_cannot_fit_are_refused_at_start(tiny, capsys):
+    """--max-sessions whose KV caches need more memory than the machine has: serve stops at start
+    with a message naming --max-sessions and --max-context and how many would fit, instead of
+    meeting the OOM killer once the sessions come."""
+    assert main(["serve", "--target", str(tiny.target_gguf), "--port", "0", "--max-sessions", "10000000"]) == 2
+    err = capsys.readouterr().err
+    assert "refusing to start: --max-sessions 10000000 x --max-context 4096 need" in err, err
+    assert "lower --max-sessions (at most" in err and "or --max-context" in err

@@ -70,7 +70,7 @@ def test_embedded_service_gets_the_colocated_share():
 def test_models_take_the_planned_threads(tiny):
     """A drafter defaults to 1 thread and takes another count; the llama.cpp target takes --threads."""
     from local_draft.draft_model import DraftModel
-    from remote_verify.backends import load_backend
+    from remote_verify.backends.factory import load_backend
 
     assert DraftModel(tiny.draft, n_ctx=256).n_threads == 1
     assert DraftModel(tiny.draft, n_ctx=256, n_threads=2).n_threads == 2

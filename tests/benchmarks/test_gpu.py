@@ -34,3 +34,12 @@ def test_the_tiny_cpu_mode_measures_every_block_and_session_count(tiny, tmp_path
     table = capsys.readouterr().out
     assert ("n/a (no GPU offload)" in table) == (not offload)
     assert table.count("\n") > 6 + 6 and "floor" in table and str(tmp_path / "gpu.json") in table
+    # the measurements as emulator profiles, in the shipped profiles' format
+    from benchmarks.emulation.profiles import DrafterProfile, TargetProfile, load_profile
+
+    fast = load_profile(tmp_path / "profile-tiny-fast.toml")
+    assert isinstance(fast, TargetProfile) and fast.measured
+    assert fast.pass_ms(1) == pytest.approx(model["blocks"][0]["fast_ms"], rel=1e-3)
+    assert fast.pass_ms(5 * 32) == pytest.approx(model["batched"][-1]["fast_round_ms"], rel=1e-3)
+    cpu = load_profile(tmp_path / "profile-drafter-cpu.toml")
+    assert isinstance(cpu, DrafterProfile) and cpu.token_ms == pytest.approx(drafter["cpu_ms_per_token"], rel=1e-3)

@@ -34,3 +34,40 @@ def test_templates_get_the_helpers_real_ones_use():
         template.render([Message("assistant", "x")])
     with pytest.raises(ChatTemplateError):
         ChatTemplate("{{ ''.__class__.__mro__[1].__subclasses__() }}").render([])
+
+
+@pytest.mark.timeout(120)  # today's renderer spins for hours on the nested loops: this fails it instead
+@pytest.mark.parametrize("source, words", [
+    ("{{ 'x' * 10**20 }}", "a sequence of 1 times 100000000000000000000"),  # OverflowError escaped
+    ("{{ 'x' * 10**9 }}", "a sequence of 1 times 1000000000"),  # a 1 GB string
+    ("{{ [0] * 10**9 }}", "a sequence of 1 times 1000000000"),
+    ("{{ 'x'|center(10**9) }}", "the filter center with a width or count that large"),
+    ("{{ 'x'.ljust(10**9) }}", "ljust with a count that large"),
+    ("{{ '%999999999d' % 1 }}", "a % format that wide"),
+    ("{{ '%999999999d'|format(1) }}", "a format that wide"),
+    ("{{ '{:>999999999}'.format(1) }}", "a format that wide"),
+    ("{{ 7 ** 1000000000 }}", "7 \\*\\* 1000000000"),  # jinja: 7 ** 10 ** 9 is (7 ** 10) ** 9
+    ("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}", "loops too long"),
+    ("{% set ns = namespace(s='x') %}{% for i in range(31) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s[:1] }}",
+     "MiB of memory to render|loops too long"),
+    ("{% for i in range(100000) %}{{ 'y' * 100 }}{% endfor %}", "a prompt that long|loops too long"),
+    ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "RecursionError"),  # escaped today
+])
+def test_a_template_that_would_hang_or_exhaust_memory_ends_in_a_clear_error(source, words):
+    """A template is data from a file (a service's, for --draft ngram): each of these ends within
+    seconds in a ChatTemplateError, not a hang, an OverflowError, a MemoryError or the OOM killer."""
+    import time
+
+    started = time.monotonic()
+    with pytest.raises(ChatTemplateError, match=words):
+        ChatTemplate(source).render([Message("user", "hi")])
+    assert time.monotonic() - started < 10
+
+
+def test_bounds_leave_real_templates_alone(close_draft):
+    """Numbers, widths and loops of ordinary size render as before; a template that would hang at
+    load falls back to ChatML, logged."""
+    template = ChatTemplate("{{ 12345678901 }} {{ 5000000|string }} {{ '%5d'|format(3) }} {{ '{:>4}'.format(1) }}"
+                            "{% for i in range(1000) %}{% endfor %}{{ 'ab' * 3 }}")
+    assert template.render([]) == "12345678901 5000000     3    1ababab"
+    assert template_for("{{ 'x' * 10**20 }}", "", "").is_fallback

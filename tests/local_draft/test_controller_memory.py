@@ -51,7 +51,13 @@ def test_keys_separate_services_and_pairs(tmp_path):
                                      '{"KEY": {"accepted": [1, 2], "draft_token_s": [1, 1], "wire_s": [1, 1], '
                                      '"verify": [1, 2, 3], "last_choice": 4}}',
                                      '{"KEY": {"accepted": [NaN, 2], "draft_token_s": [1, 1], "wire_s": [1, 1], '
-                                     '"verify": [1, 2, 3, 4, 5], "last_choice": 4}}'])
+                                     '"verify": [1, 2, 3, 4, 5], "last_choice": 4}}',
+                                     # a 400-digit integer: float() raises OverflowError, which crashed every start
+                                     '{"KEY": {"accepted": [' + "9" * 400 + ', 2], "draft_token_s": [1, 1], '
+                                     '"wire_s": [1, 1], "verify": [1, 2, 3, 4, 5], "last_choice": 4}}',
+                                     "[" * 100_000 + "]" * 100_000,  # nested past the recursion limit
+                                     "{}" + " " * (2 << 20)],  # larger than any state file
+                         ids=["not-json", "a-list", "short-pair", "short-verify", "nan", "400-digits", "deep", "huge"])
 def test_a_damaged_file_is_ignored(tmp_path, content):
     """A file that is not a saved state leaves the controller at its priors, without an error."""
     memory = ControllerMemory("ws://h:1", "d", "t", path=tmp_path / "k.json")
@@ -64,6 +70,17 @@ def test_a_damaged_file_is_ignored(tmp_path, content):
     assert memory.load_into(AdaptiveK())
 
 
+def test_the_key_holds_a_hash_of_the_targets_name_not_the_name(tmp_path):
+    """The target's name is the service's to choose (up to a frame): the file keys it by a short hash."""
+    path = tmp_path / "k.json"
+    long_name = "evil\x1b]52;c;aGk=\x07" + "x" * (4 << 20)
+    memory = ControllerMemory("ws://h:1", "d.gguf", long_name, path=path)
+    memory.save(trained())
+    assert path.stat().st_size < 4096 and "evil" not in path.read_text()
+    assert memory.load_into(AdaptiveK())
+    assert not ControllerMemory("ws://h:1", "d.gguf", "other", path=path).load_into(AdaptiveK())
+
+
 def test_the_file_follows_the_cache_conventions(monkeypatch, tmp_path):
     """SPECWIRE_ADAPTIVE_STATE names the file; otherwise it is in $XDG_CACHE_HOME/specwire."""
     monkeypatch.setenv("SPECWIRE_ADAPTIVE_STATE", str(tmp_path / "mine.json"))
@@ -73,19 +90,24 @@ def test_the_file_follows_the_cache_conventions(monkeypatch, tmp_path):
     assert memory_path() == tmp_path / "cache" / "specwire" / "adaptive-k.json"
 
 
-def test_generate_saves_and_starts_from_the_state(tiny, service_on, tmp_path):
-    """`specwire generate` writes what adaptive k learned; the next run starts from it and saves its own."""
+@pytest.mark.parametrize("mode", ["rounds", "hybrid"])
+def test_generate_saves_and_starts_from_the_state(tiny, service_on, tmp_path, mode):
+    """`specwire generate` writes what its controller learned (adaptive k in rounds; the stream's
+    drafting decision and costs by default); the next run starts from it and saves its own."""
     url = service_on("llamacpp").url
     state_file = tmp_path / "adaptive-k.json"
     env = dict(os.environ, SPECWIRE_ADAPTIVE_STATE=str(state_file), PYTHONPATH=str(Path(__file__).parents[2]))
     command = [sys.executable, "-m", "app.cli", "generate", "--draft", str(tiny.draft), "--server", url,
-               "--prompt", "def quicksort(arr):", "--max-tokens", "32", "--json"]
+               "--prompt", "def quicksort(arr):", "--max-tokens", "32", "--json", "--mode", mode]
     subprocess.run(command, env=env, check=True, capture_output=True, timeout=120)
     first = json.loads(state_file.read_text())
     assert len(first) == 1
     (key, state), = first.items()
-    assert key.startswith("ws://127.0.0.1 | draft.gguf | ")
-    assert state["draft_token_s"][1] > 0 and state["wire_s"][1] > 0  # costs were measured
+    assert key.startswith("ws://127.0.0.1 | draft.gguf | ") and key.endswith(" | hybrid") == (mode == "hybrid")
+    if mode == "rounds":
+        assert state["draft_token_s"][1] > 0 and state["wire_s"][1] > 0  # costs were measured
+    else:
+        assert state["wire_s"][1] > 0 and state["acceptance"][1] > 0  # the round trip was measured
     again = subprocess.run(command[:3] + ["-v"] + command[3:], env=env, check=True, capture_output=True, text=True,
                            timeout=120)
     assert f"adaptive k starts from the state saved for {key}" in again.stderr

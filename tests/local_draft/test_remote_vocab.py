@@ -118,11 +118,25 @@ def test_a_corrupt_download_is_refused_and_not_cached(llamacpp_target, tmp_path)
         with pytest.raises(RemoteVocabError, match="is corrupt: its sha256 is"):
             fetch_vocab(running.url, None, None, cache_dir=tmp_path)
         assert not any(tmp_path.iterdir())
-        # a service that sends a broken file with its right hash: caught when llama.cpp reads it
+        # a service that sends a broken file with its right hash: caught before llama.cpp reads it
         truncated = offer.data[: len(offer.data) // 2]
         running.service.vocab = dataclasses.replace(offer, data=truncated,
                                                     sha256=hashlib.sha256(truncated).hexdigest())
-        with pytest.raises(RemoteVocabError, match="does not load in llama.cpp"):
+        with pytest.raises(RemoteVocabError, match="is refused: it ends inside .*not given to llama.cpp"):
+            fetch_vocab(running.url, None, None, cache_dir=tmp_path)
+        assert not any(tmp_path.iterdir())
+        # a crafted file (a 100 KB token: the kind of input llama.cpp's loader has overflowed on), hashed
+        # right: refused by the Python check, never given to llama.cpp
+        from tests.local_draft.test_vocab_file_check import rewritten
+
+        source = tmp_path.parent / "offered.gguf"
+        source.write_bytes(offer.data)
+        crafted = rewritten(source, tmp_path.parent / "crafted.gguf", lambda item: (
+            item[0], item[1], [b"x" * 100_000] + item[2][1:], item[3]) if item[0] == "tokenizer.ggml.tokens" else item)
+        crafted_data = crafted.read_bytes()
+        running.service.vocab = dataclasses.replace(offer, data=crafted_data,
+                                                    sha256=hashlib.sha256(crafted_data).hexdigest())
+        with pytest.raises(RemoteVocabError, match="is refused: item 0 of tokenizer.ggml.tokens is 100000 bytes"):
             fetch_vocab(running.url, None, None, cache_dir=tmp_path)
         assert not any(tmp_path.iterdir())
         # and one of another vocabulary (the default pair's) than the one the service checks Hellos against
@@ -153,3 +167,43 @@ def test_over_wss_the_ca_file_is_trusted_and_nothing_else(llamacpp_target, tls_f
             fetch_vocab(running.url, TOKEN, None, cache_dir=tmp_path / "other")
     finally:
         running.close()
+
+
+def test_a_redirect_is_refused_and_the_token_goes_nowhere_else(tmp_path):
+    """A service answering /vocab.json with a redirect to another host (http, as from https) is
+    refused with a message; the other host never sees the request, nor the bearer token."""
+    import http.server
+    import threading
+
+    seen = []
+
+    class Elsewhere(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    elsewhere = http.server.HTTPServer(("127.0.0.1", 0), Elsewhere)
+
+    class Redirecting(Elsewhere):
+        def do_GET(self):
+            self.send_response(302)
+            self.send_header("Location", f"http://127.0.0.1:{elsewhere.server_port}/steal\x1b[2J")
+            self.end_headers()
+
+    service = http.server.HTTPServer(("127.0.0.1", 0), Redirecting)
+    for server in (elsewhere, service):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(RemoteVocabError, match="redirected /vocab.json to http://127.0.0.1:[0-9]+/steal"
+                                                   r"\\x1b\[2J \(HTTP 302\): refused") as error:
+            fetch_vocab(f"ws://127.0.0.1:{service.server_port}", TOKEN, None, cache_dir=tmp_path)
+        assert "\x1b" not in str(error.value)
+    finally:
+        service.shutdown()
+        elsewhere.shutdown()
+    assert seen == []

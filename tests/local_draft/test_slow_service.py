@@ -55,3 +55,20 @@ def test_a_prompt_the_service_reads_slowly_is_verified_not_taken_for_a_lost_serv
         running.close()
     assert slow.slow_forwards == 1 and took >= SECONDS_PER_PROMPT_TOKEN * PROMPT_TOKENS
     assert result.stats.offline == 0 and link.connections == 1 and len(result.token_ids) == 8
+
+
+def test_a_late_welcome_is_waited_for_while_the_service_answers_pings(close_draft):
+    """A service that takes 3 s to welcome (many clients arriving together, a loaded host) but answers
+    pings meanwhile: a client with a 1 s stall timeout waits, as it does for a slow verdict, and is
+    welcomed. (It used to give up at 1 s: "did not answer within 1 s".)"""
+    from local_draft.verify_client import VerifyClient
+    from tests.fake_service import FakeService, honest_answer
+
+    fake = FakeService(honest_answer(), welcome_delay_s=3.0)
+    try:
+        started = time.monotonic()
+        client = VerifyClient(fake.url, hello_for(close_draft), stall_timeout_s=1.0)
+        client.close()
+    finally:
+        fake.close()
+    assert client.welcome.session_id == "fake" and time.monotonic() - started >= 3.0

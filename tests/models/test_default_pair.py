@@ -101,7 +101,7 @@ def _check_parity(backend, draft: DraftModel, url: str, margin: float) -> dict:
 @pytest.mark.parametrize("backend_name", ["llamacpp", pytest.param("torch", marks=pytest.mark.torch_real)])
 def test_default_pair_hybrid_equals_target_alone(pair_paths, real_draft, backend_name):
     """Greedy, 96 tokens, 4 prompts: k = 4, k = 8 and the default mode give the service's own tokens."""
-    from remote_verify.backends import load_backend
+    from remote_verify.backends.factory import load_backend
 
     backend = load_backend(backend_name, pair_paths["target"], device="cpu")
     assert backend.batch_invariant or backend_name == "torch", "llama.cpp verifies with batch-shaped kernels"

@@ -120,3 +120,15 @@ def test_a_cuda_build_without_gpu_offload_fails_the_install_with_a_message(tmp_p
     assert result.returncode == 1
     assert len(builds) == 1 and "-DGGML_CUDA=on" in builds[0]
     assert "llama_supports_gpu_offload() is false" in result.stderr
+
+
+def test_the_declared_llama_cpp_floor_is_the_version_install_sh_builds():
+    """pyproject.toml may not accept an older llama-cpp-python than the one install.sh pins: older
+    builds lack fixes of the vocabulary loader that parses files a service sends."""
+    import re
+    import tomllib
+
+    pinned = re.search(r'llama_version="llama-cpp-python==([0-9.]+)"', INSTALL.read_text()).group(1)
+    project = tomllib.loads((INSTALL.parents[1] / "pyproject.toml").read_text())["project"]["dependencies"]
+    floors = [re.fullmatch(r"llama-cpp-python>=([0-9.]+)", each.split(";")[0].strip()) for each in project]
+    assert [floor.group(1) for floor in floors if floor] == [pinned]

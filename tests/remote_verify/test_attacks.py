@@ -22,7 +22,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from benchmarks.load import TimedClient, pin_to_one_cpu, rss_bytes
+from benchmarks.session_wave import TimedClient, pin_to_one_cpu, rss_bytes
 from local_draft.speculator import Speculator
 from wire.limits import MAX_STOP_IDS, ServiceLimits
 from wire.protocol import (
@@ -222,7 +222,9 @@ def test_two_authorization_headers_get_400_and_are_counted(llamacpp_target, capl
                 answer += chunk
         assert answer.startswith(b"HTTP/1.1 400"), answer
         assert b"2 Authorization headers" in answer
-        with urllib.request.urlopen(running.url.replace("ws://", "http://") + "/metrics", timeout=5) as metrics:
+        scrape = urllib.request.Request(running.url.replace("ws://", "http://") + "/metrics",
+                                        headers={"Authorization": "Bearer s3cret"})  # behind the token
+        with urllib.request.urlopen(scrape, timeout=5) as metrics:
             assert 'specwire_refusals_total{reason="bad_request"} 1.0' in metrics.read().decode()
     finally:
         running.close()

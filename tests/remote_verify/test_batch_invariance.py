@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from remote_verify.backends import Pass
 from remote_verify.backends.llamacpp_backend import LlamaCppTarget, has_llamafile_kernels
+from remote_verify.backends.target import Pass
 
 
 def one_at_a_time(backend, prompt: list[int], continuation: list[int]) -> np.ndarray:

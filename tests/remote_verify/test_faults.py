@@ -61,8 +61,9 @@ def open_session(url: str, draft):
 
 
 def test_a_client_that_vanishes_mid_round_frees_its_session(llamacpp_target, close_draft):
-    """The TCP connection drops while the round runs: the round completes, the session and its
-    cache are freed, and the next client is served."""
+    """The TCP connection drops while the round is queued or runs: the round runs at most once (not
+    at all if it had not started: nobody is waiting for it), the session and its cache are freed,
+    and the next client is served."""
     slow = SlowTarget(llamacpp_target)
     running = RunningService(slow)
     try:
@@ -73,7 +74,7 @@ def test_a_client_that_vanishes_mid_round_frees_its_session(llamacpp_target, clo
         ws.socket.shutdown(socket.SHUT_RDWR)  # gone without a close handshake
         ws.socket.close()
         assert wait_for(lambda: not running.service.sessions), "the vanished session was kept"
-        assert slow.forwards == 1
+        assert slow.forwards <= 1
         with connect(running.url, subprotocols=[SUBPROTOCOL]) as other:
             other.send(encode(hello_for(close_draft)))
             decode_server_message(other.recv())

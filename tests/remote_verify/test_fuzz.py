@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from benchmarks.load import pin_to_one_cpu, rss_bytes
+from benchmarks.session_wave import pin_to_one_cpu, rss_bytes
 from local_draft.draft_model import DraftModel
 from local_draft.speculator import Speculator
 from local_draft.verify_client import VerifyClient
@@ -62,10 +62,18 @@ anything = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=8)
 dists = st.lists(st.tuples(st.lists(tokens, max_size=5), st.lists(floats, max_size=5)), max_size=4)
+
+FORGED = "\n2026-01-01 00:00:00,000 CRITICAL remote_verify.server: FORGED LINE"
+# escape sequences a terminal acts on, in every text field a client sends (issue 29): OSC 52 writes
+# the clipboard of whoever reads the log on a terminal, CSI moves and clears
+ESCAPES = ["\x1b]52;c;aGVsbG8=\x07", "\x1b[2J\x1b[H", "\x9b31m", "\u202e"]
+forging_text = st.one_of(st.text(max_size=12), st.sampled_from([FORGED, "x\r\x1b[2K" + FORGED, "\u2028" + FORGED]),
+                         st.sampled_from(ESCAPES))
+
 verify_dicts = st.fixed_dictionaries(
     {"type": st.just("verify"), "seq": ints, "committed_len": ints},
     optional={"append": st.lists(tokens, max_size=24), "draft": st.lists(tokens, max_size=10),
-              "draft_dists": dists})
+              "draft_dists": dists, "draft_source": forging_text})
 sync_dicts = st.fixed_dictionaries({"type": st.just("sync"), "seq": ints, "tokens": st.lists(tokens, max_size=48)},
                                    optional={"seed": st.one_of(st.none(), ints)})
 sampling_dicts = st.fixed_dictionaries({}, optional={"temperature": floats, "top_k": ints, "top_p": floats})
@@ -75,10 +83,6 @@ wrong_types = st.fixed_dictionaries(
                                            "vocab_fingerprint", "vocab_size", "sampling", "seed")})
 unknown_types = st.fixed_dictionaries({"type": st.one_of(st.text(max_size=10), anything)},
                                       optional={"seq": anything})
-
-
-FORGED = "\n2026-01-01 00:00:00,000 CRITICAL remote_verify.server: FORGED LINE"
-forging_text = st.one_of(st.text(max_size=12), st.sampled_from([FORGED, "x\r\x1b[2K" + FORGED, "\u2028" + FORGED]))
 
 
 def attack_dicts() -> st.SearchStrategy[dict]:
@@ -191,6 +195,7 @@ def fuzzed_service(tiny, tmp_path_factory):
     tracebacks = log_file.read_text()
     assert "Traceback" not in tracebacks, tracebacks[-4000:]  # the service logged a crash
     assert not any(line.startswith(FORGED.strip()) for line in tracebacks.splitlines())  # a client wrote a line
+    assert not any(escape in tracebacks for escape in ("\x1b", "\x9b", "\u202e"))  # nor acts on a terminal
     process.wait()
 
 

@@ -26,9 +26,11 @@ from remote_verify.server import ServiceConfig, VerifyService
 from tests.conftest import RunningService, hello_for
 
 
-def scrape(url: str) -> tuple[str, dict[tuple[str, tuple], float]]:
+def scrape(url: str, token: str | None = None) -> tuple[str, dict[tuple[str, tuple], float]]:
     """The content type and every sample of /metrics, keyed by (name, sorted labels)."""
-    with urllib.request.urlopen(url.replace("ws://", "http://") + "/metrics", timeout=5) as response:
+    request = urllib.request.Request(url.replace("ws://", "http://") + "/metrics",
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(request, timeout=5) as response:
         content_type = response.headers["Content-Type"]
         text = response.read().decode()
     samples = {}
@@ -51,7 +53,7 @@ def test_metrics_count_what_the_client_saw(llamacpp_target, close_draft):
         with pytest.raises(VerifyError) as bad:
             client._request(b"not a message", Welcome)  # raw bytes: msgspec encodes them as a msgpack bin
         assert bad.value.code == "bad_frame"
-        content_type, samples = scrape(running.url)
+        content_type, samples = scrape(running.url, "t0ken")
         client.close()
     finally:
         running.close()
@@ -177,7 +179,7 @@ def test_drafted_and_accepted_tokens_are_counted_by_draft_source(llamacpp_target
             refused = decode_server_message(ws.recv())
             assert isinstance(refused, Error) and refused.code == "bad_request" and not refused.fatal
             assert "draft_source is longer than 16 characters" in refused.message
-        _, samples = scrape(running.url)
+        _, samples = scrape(running.url)  # a service without a token: open
     finally:
         running.close()
     assert all(accepted > 0 for _, accepted in expected.values()), expected  # every label is really exercised
@@ -187,3 +189,23 @@ def test_drafted_and_accepted_tokens_are_counted_by_draft_source(llamacpp_target
     labels = {dict(key[1])["source"] for key in samples if key[0] == "specwire_drafted_tokens_by_source_total"}
     assert labels == set(SOURCE_LABELS)  # "draft-v9" made no series of its own
     assert samples[("specwire_drafted_tokens_total", ())] == sum(d for d, _ in expected.values())
+
+
+def test_metrics_are_behind_the_token_unless_made_public(llamacpp_target):
+    """A service with a token answers /metrics only with it (401 without, as the WebSocket does);
+    public_metrics (`serve --public-metrics`) serves it to a scraper that has none. Without a token
+    there is nothing to ask for."""
+    guarded = RunningService(llamacpp_target, token="t0ken")
+    public = RunningService(llamacpp_target, token="t0ken", public_metrics=True)
+    try:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            scrape(guarded.url)
+        assert refused.value.code == 401 and b"missing bearer token" in refused.value.read()
+        with pytest.raises(urllib.error.HTTPError) as wrong:
+            scrape(guarded.url, "guess")
+        assert wrong.value.code == 401
+        assert scrape(guarded.url, "t0ken")[1][("specwire_ready", ())] == 1
+        assert scrape(public.url)[1][("specwire_ready", ())] == 1
+    finally:
+        guarded.close()
+        public.close()

@@ -14,7 +14,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from remote_verify.backends import load_backend
+from remote_verify.backends.factory import load_backend
 from remote_verify.backends.onnx_backend import OnnxTarget
 
 # Largest |logit difference| allowed between onnxruntime and torch, both float32 on the CPU.

@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from remote_verify.backends import Pass
 from remote_verify.backends.llama_pass_plan import DecodeCosts, plan_lengths, ubatch_count
 from remote_verify.backends.llamacpp_backend import LlamaCppTarget, restream
+from remote_verify.backends.target import Pass
 from tests.remote_verify.test_batch_invariance import NEIGHBOUR_HISTORIES, differing_rows, scripted_session
 
 
@@ -103,8 +103,13 @@ def test_padded_and_filled_passes_move_no_logit(tiny):
 
 def test_sessions_moved_into_bigger_and_smaller_pools_keep_their_bits(tiny):
     """A pool of 1 doubles as sessions arrive (each move copying every session's cells), and
-    shrinks to fit when most leave; a session whose rounds run through those moves scores
-    exactly as alone, and a pool whose last session closes is freed."""
+    shrinks to fit when most leave (once it has been that empty for POOL_KEEP_S: tidy); a session
+    whose rounds run through those moves scores exactly as alone, and the pools are freed when
+    the last session closes."""
+    import time
+
+    from remote_verify.backends.llamacpp_backend import POOL_KEEP_S
+
     single = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, slots=1)
     alone = scripted_session(single, single.new_cache())
     pooled = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, max_context=512, slots=8)
@@ -116,13 +121,17 @@ def test_sessions_moved_into_bigger_and_smaller_pools_keep_their_bits(tiny):
             for _ in range(2):
                 arrivals.append(pooled.new_cache())
                 pooled.forward(arrivals[-1], [int(t) for t in rng.integers(1, 250, 30)], 1)
-        elif round_ == 5:  # all but one leave: the pool of 8 shrinks to 2 (this session and one more)
+        elif round_ == 5:  # all but one leave: the pool of 8 is kept a while, then shrinks
             for cache in arrivals[:-1]:
                 pooled.release(cache)
+            sizes.append([pool.slots for pool in pooled._pools])
+            pooled.tidy(time.monotonic() + POOL_KEEP_S / 2)  # not quiet long enough
+            sizes.append([pool.slots for pool in pooled._pools])
+            pooled.tidy(time.monotonic() + POOL_KEEP_S)  # into a pool just big enough: this session alone
         sizes.append([pool.slots for pool in pooled._pools])
 
     moved = scripted_session(pooled, mine, between_rounds=between_rounds)
-    assert sizes[:5] == [[4], [8], [8], [8, 1], [2, 1]], sizes
+    assert sizes[:7] == [[4], [8], [8], [8, 1], [8, 1], [8, 1], [1, 1]], sizes
     for round_, (a, b) in enumerate(zip(alone, moved)):
         assert differing_rows(a, b) == [], f"round {round_}: largest gap {np.abs(a - b).max():.3g}"
     pooled.release(arrivals[-1])
@@ -163,3 +172,31 @@ def test_a_cpu_pool_holds_as_many_sessions_as_its_memory_bound_allows(tiny, monk
     monkeypatch.setattr(llamacpp_backend, "CPU_POOL_BYTES", 3 * per_session + 1)
     assert LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, max_context=256, sessions=32).slots == 3
     assert LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, max_context=256, slots=8).slots == 8
+
+
+def test_sessions_churning_around_the_grow_and_shrink_points_allocate_no_pool_after_the_first(tiny):
+    """One session stays; seven more open and close, five times over. The pool grows 1 -> 2 -> 4 -> 8
+    once and is kept (it used to shrink at every close and grow again at every open: three pool
+    allocations and moves a cycle, 3.3 GB each for the default 1.5B); tidy() shrinks it once the
+    churn has stopped for POOL_KEEP_S, and the last close frees everything."""
+    import time
+
+    from remote_verify.backends.llamacpp_backend import POOL_KEEP_S
+
+    pooled = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=1, max_context=256, slots=8)
+    made = []
+    new_context = pooled._new_context
+    pooled._new_context = lambda slots: made.append(slots) or new_context(slots)
+    stays = pooled.new_cache()
+    for _ in range(5):
+        churn = [pooled.new_cache() for _ in range(7)]
+        for cache in churn:
+            pooled.forward(cache, [5, 6, 7], 1)
+        for cache in churn:
+            pooled.release(cache)
+        pooled.tidy()  # the service's periodic call: nothing has been quiet long enough
+    assert made == [1, 2, 4, 8] and [pool.slots for pool in pooled._pools] == [8]
+    pooled.tidy(time.monotonic() + POOL_KEEP_S)
+    assert made == [1, 2, 4, 8, 1] and [pool.slots for pool in pooled._pools] == [1]
+    pooled.release(stays)
+    assert pooled._pools == []

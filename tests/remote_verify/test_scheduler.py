@@ -11,7 +11,7 @@ from functools import partial
 
 import pytest
 
-from remote_verify.backends import Pass
+from remote_verify.backends.target import Pass
 from remote_verify.scheduler import DeviceQueue, Planned, QueueClosed, Shareable
 
 
@@ -125,7 +125,7 @@ def shareable(recorder: RecordingTarget, cache, name: str, tokens: list[int], fa
     """A one-row pass over `tokens` whose result is (name, argmax id); `fail` refuses it at planning."""
     recorder.names[id(cache)] = name
 
-    def plan() -> Planned:
+    def plan(so_far=None) -> Planned:
         if fail:
             raise ValueError(fail)
         held = cache.length
@@ -231,3 +231,128 @@ def test_other_work_runs_alone_in_its_turn(recorder):
     results = run_held(DeviceQueue("test"), jobs)
     assert recorder.passes == [[("a", 2), ("c", 2)]] and order == [1]
     assert not any(isinstance(result, Exception) for result in results)
+
+
+# ---- charged by tokens; long feeds in pieces (issue 29) ---------------------------------------
+
+
+def test_sessions_are_charged_by_the_tokens_they_feed(recorder):
+    """One session with rounds of 40 tokens and one with rounds of 2, one pass each (no sharing):
+    the short session's six rounds all run before the long one's second, where turns by item
+    alternated them."""
+    c = recorder.caches
+    jobs = [("a", shareable(recorder, c["a"], "a", list(range(1 + i, 41 + i)))) for i in range(3)]
+    jobs += [("b", shareable(recorder, c["b"], "b", [7 + i, 8 + i])) for i in range(6)]
+    run_held(DeviceQueue("test", batch_tokens=0), jobs)
+    order = "".join(name for members in recorder.passes for name, _ in members)
+    assert order == "abbbbbbaa", order
+
+
+class RecordingBackend:
+    """The real tiny target for whole sessions, recording the tokens each session fed in each pass."""
+
+    def __init__(self, target):
+        self.target = target
+        self.passes: list[list[tuple[str, int]]] = []
+        self.names: dict[int, str] = {}
+
+    def __getattr__(self, name):
+        return getattr(self.target, name)
+
+    def forward_many(self, passes):
+        self.passes.append([(self.names.get(id(p.cache), "?"), len(p.tokens)) for p in passes])
+        return self.target.forward_many(passes)
+
+
+def _sessions(backend: RecordingBackend, names: str):
+    from remote_verify.session import Session, SessionLimits
+    from wire.protocol import SamplingParams
+
+    sessions = {}
+    for name in names:
+        sessions[name] = Session(backend, SamplingParams(), None, SessionLimits())
+        backend.names[id(sessions[name].cache)] = name
+    return sessions
+
+
+def test_a_long_feed_runs_in_pieces_that_take_turns_and_verifies_as_one_pass(llamacpp_target):
+    """A 300-token prompt queued before three one-token rounds of other sessions: its first piece
+    runs, then the three rounds (one shared pass), then the rest of the prompt in pieces; its
+    verdict is the one the prompt gets in a single pass (llama.cpp's kernels are batch-invariant)."""
+    from wire.protocol import Verify
+
+    prompt = [(7 * i) % 300 + 1 for i in range(300)]
+    backend = RecordingBackend(llamacpp_target)
+    sessions = _sessions(backend, "pxyz")
+    try:
+        jobs = [("p", sessions["p"].verify_work(Verify(seq=1, committed_len=0, append=prompt, draft=[5, 6])))]
+        jobs += [(name, sessions[name].verify_work(Verify(seq=1, committed_len=0, append=[3, 4])))
+                 for name in "xyz"]
+        results = run_held(DeviceQueue("test"), jobs)
+        fed = [(name, tokens) for members in backend.passes for name, tokens in members]
+        pieces = [tokens for name, tokens in fed if name == "p"]
+        assert len(pieces) > 2 and sum(pieces) == 300 + 2 and max(pieces) < 299, fed
+        assert [name for name, _ in fed[1:4]] == list("xyz"), fed  # behind one piece, not the whole prompt
+        alone = _sessions(RecordingBackend(llamacpp_target), "p")["p"]
+        try:
+            expected = alone.verify(Verify(seq=1, committed_len=0, append=prompt, draft=[5, 6]))
+        finally:
+            alone.close()
+        assert (results[0][0].accepted, results[0][0].token) == (expected.accepted, expected.token)
+        assert results[0][0].committed_len == expected.committed_len
+        assert sessions["p"].committed == alone.committed and sessions["p"].cached_len == alone.cached_len
+    finally:
+        for session in sessions.values():
+            session.close()
+
+
+def test_a_long_feed_alone_runs_whole(llamacpp_target):
+    """With no other session active, a 300-token prompt is one pass: a single user's first token
+    pays nothing for the pieces."""
+    import remote_verify.scheduler as scheduler
+    from wire.protocol import Verify
+
+    backend = RecordingBackend(llamacpp_target)
+    session = _sessions(backend, "p")["p"]
+    queue = DeviceQueue("test")
+    queue._seen.clear()
+    try:
+        async def main():
+            await asyncio.sleep(scheduler.ACTIVE_S)  # nobody else has sent work lately
+            return await queue.run("p", session.verify_work(Verify(seq=1, committed_len=0, append=list(range(1, 301)))))
+
+        asyncio.run(main())
+    finally:
+        queue.shutdown()
+        session.close()
+    assert backend.passes == [[("p", 300)]]
+
+
+def test_the_pieces_of_a_cancelled_feed_stop(llamacpp_target):
+    """A 300-token prompt beside other sessions' rounds, cancelled (its client has gone) after its
+    first piece: no further piece runs for it."""
+    from wire.protocol import Verify
+
+    backend = RecordingBackend(llamacpp_target)
+    sessions = _sessions(backend, "px")
+    queue = DeviceQueue("test")
+    try:
+        async def main():
+            prompt = asyncio.ensure_future(queue.run("p", sessions["p"].verify_work(
+                Verify(seq=1, committed_len=0, append=[(3 * i) % 300 + 1 for i in range(300)]))))
+            for seq in range(1, 30):
+                held = len(sessions["x"].committed)
+                await queue.run("x", sessions["x"].verify_work(Verify(seq=seq, committed_len=held,
+                                                                      append=[] if held else [3, 4])))
+                if seq == 2:
+                    prompt.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await prompt
+
+        asyncio.run(main())
+    finally:
+        queue.shutdown()
+        for session in sessions.values():
+            session.close()
+    pieces = [tokens for members in backend.passes for name, tokens in members if name == "p"]
+    assert 1 <= len(pieces) <= 3 and sum(pieces) < 299, pieces

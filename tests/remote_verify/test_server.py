@@ -10,7 +10,7 @@ from websockets.sync.client import connect
 
 from local_draft.verify_client import VerifyClient, VerifyError
 from wire.protocol import (
-    SUBPROTOCOL, Error, Hello, Verdict, Verify, Welcome, decode_server_message, encode,
+    SUBPROTOCOL, Error, Hello, Sync, Verdict, Verify, Welcome, decode_server_message, encode,
 )
 from tests.conftest import RunningService, hello_for
 
@@ -127,10 +127,10 @@ def test_concurrent_sessions_share_passes_and_each_equals_the_target_alone(tiny)
 
 
 def test_a_session_finding_no_kv_memory_is_refused_with_a_retry_hint(tiny):
-    """A KV pool llama.cpp cannot create refuses the new session with sessions_full and a retry
-    hint; the service goes on answering health checks. (The failure is provoked by asking for
-    more sequences than llama.cpp allows, which it refuses at once: an allocation that really
-    fails would first take this machine's memory.)"""
+    """A KV pool llama.cpp cannot create refuses the session at its first round (the Welcome does not
+    wait for a pool) with sessions_full and when to come back; the service goes on answering health
+    checks. (The failure is provoked by asking for more sequences than llama.cpp allows, which it
+    refuses at once: an allocation that really fails would first take this machine's memory.)"""
     from remote_verify.backends.llamacpp_backend import LlamaCppTarget
     from tests.conftest import TINY_THREADS
 
@@ -145,10 +145,12 @@ def test_a_session_finding_no_kv_memory_is_refused_with_a_retry_hint(tiny):
     draft = DraftModel(tiny.draft, n_ctx=256, n_threads=1)
     running = RunningService(NoMemoryTarget(tiny.target_gguf, gpu_layers=0, n_threads=TINY_THREADS))
     try:
+        client = VerifyClient(running.url, hello_for(draft))
         with pytest.raises(VerifyError) as error:
-            VerifyClient(running.url, hello_for(draft))
+            client.verify(Verify(seq=1, committed_len=0, append=[1, 2]))
+        client.close()
         assert error.value.code == "sessions_full" and error.value.fatal
-        assert "KV memory" in str(error.value) and "retry in" in str(error.value)
+        assert "KV memory" in str(error.value) and "reconnect in a few seconds" in str(error.value)
         with urllib.request.urlopen(running.url.replace("ws://", "http://") + "/healthz", timeout=5) as response:
             assert response.status == 200
     finally:
@@ -207,4 +209,149 @@ def test_a_seeded_sampled_session_draws_the_same_tokens_alone_and_beside_others(
         assert queue.shared_items - items_alone > 1.5 * (queue.passes - passes_alone)  # they did share passes
     finally:
         done.set()
+        running.close()
+
+
+class SlowPoolTarget:
+    """The real tiny target, taking POOL_S to allocate each session's cache (a pool growing on a CPU:
+    1.4 s for eight slots of the default 1.5B), on the device thread as the real one does."""
+
+    POOL_S = 0.4
+
+    def __init__(self, target):
+        self.target = target
+
+    def __getattr__(self, name):
+        return getattr(self.target, name)
+
+    def new_cache(self):
+        import time
+
+        time.sleep(self.POOL_S)
+        return self.target.new_cache()
+
+
+def test_clients_arriving_together_are_all_welcomed_while_pools_are_allocated(llamacpp_target, close_draft):
+    """Eight server-only clients at once, each with a 1 s stall timeout, against a service whose caches
+    take 0.4 s each to allocate (3.2 s in all, one after another): every client is welcomed without
+    waiting for an allocation, waits out its first frame while the service answers pings, and gets
+    the target's own tokens. (Sessions used to open one by one behind the allocations, and the later
+    clients gave up: "did not answer within 1 s".)"""
+    import threading
+
+    from local_draft.server_only import ServerOnlyGenerator
+    from tests.local_draft.test_fallback import target_alone
+
+    prompt = close_draft.tokenize("def quicksort(arr):")
+    expected = target_alone(llamacpp_target, prompt, 12)
+    running = RunningService(SlowPoolTarget(llamacpp_target))
+    results, errors = [None] * 8, []
+
+    def one(i: int) -> None:
+        try:
+            client = VerifyClient(running.url, hello_for(close_draft), open_timeout_s=1.0, stall_timeout_s=1.0)
+            try:
+                results[i] = ServerOnlyGenerator(client, close_draft.end_ids).generate(prompt, 12).token_ids
+            finally:
+                client.close()
+        except Exception as exc:  # reported below
+            errors.append(f"client {i}: {type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    finally:
+        running.close()
+    assert errors == [] and results == [expected] * 8, (errors, results)
+
+
+def test_the_service_shrinks_a_pool_its_sessions_have_left_after_a_while(tiny, close_draft, monkeypatch):
+    """Three sessions come and go beside one that stays: the pool of 4 they grew is kept (the next
+    comers take its slots), and the service's periodic tidy shrinks it to 1 once it has been quiet
+    for POOL_KEEP_S (here 0.3 s, checked every 0.1 s)."""
+    import time
+
+    import remote_verify.backends.llamacpp_backend as llamacpp_backend
+    import remote_verify.server as server
+    from remote_verify.backends.llamacpp_backend import LlamaCppTarget
+    from tests.conftest import TINY_THREADS
+
+    monkeypatch.setattr(llamacpp_backend, "POOL_KEEP_S", 0.3)
+    monkeypatch.setattr(server, "TIDY_EVERY_S", 0.1)
+    target = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=TINY_THREADS, max_context=256)
+    running = RunningService(target)
+    try:
+        stays = VerifyClient(running.url, hello_for(close_draft))
+        stays.verify(Verify(seq=1, committed_len=0, append=[1, 2]))
+        comers = [VerifyClient(running.url, hello_for(close_draft)) for _ in range(3)]
+        for client in comers:
+            client.verify(Verify(seq=1, committed_len=0, append=[3, 4]))
+        assert [pool.slots for pool in target._pools] == [4]
+        for client in comers:
+            client.close()
+        deadline = time.monotonic() + 10
+        while [pool.slots for pool in target._pools] != [1] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [pool.slots for pool in target._pools] == [1]
+        assert stays.verify(Verify(seq=2, committed_len=3, draft=[5])).committed_len in (4, 5)  # moved, still works
+        stays.close()
+    finally:
+        running.close()
+
+
+def test_a_client_gone_mid_prefill_takes_no_more_device_time(llamacpp_target, close_draft):
+    """A client sends a 3,000-token prompt beside a busy neighbour (so it is fed in short pieces, each
+    made 50 ms long here) and hangs up: its session closes within seconds, not after the minute its
+    remaining pieces would have taken, and the neighbour goes on."""
+    import threading
+    import time
+
+    class SlowPasses:
+        def __init__(self, target):
+            self.target = target
+
+        def __getattr__(self, name):
+            return getattr(self.target, name)
+
+        def forward_many(self, passes):
+            time.sleep(0.05)
+            return self.target.forward_many(passes)
+
+    running = RunningService(SlowPasses(llamacpp_target))
+    stop, rounds = threading.Event(), [0]
+
+    def neighbour():
+        client = VerifyClient(running.url, hello_for(close_draft))
+        client.verify(Verify(seq=1, committed_len=0, append=[1, 2]))
+        seq = 1
+        while not stop.is_set():
+            seq += 1
+            client.sync(Sync(seq=seq, tokens=[1, 2]))
+            seq += 1
+            client.verify(Verify(seq=seq, committed_len=2))
+            rounds[0] += 1
+        client.close()
+
+    thread = threading.Thread(target=neighbour, daemon=True)
+    thread.start()
+    try:
+        with _raw(running.url) as ws:
+            ws.send(encode(hello_for(close_draft)))
+            ws.recv(timeout=10)
+            ws.send(encode(Verify(seq=1, committed_len=0, append=[(7 * i) % 300 + 1 for i in range(3000)])))
+            time.sleep(0.5)  # a few pieces run
+        gone = time.monotonic()
+        while len(running.service.sessions) > 1 and time.monotonic() - gone < 30:
+            time.sleep(0.05)
+        took = time.monotonic() - gone
+        before = rounds[0]
+        time.sleep(0.5)
+        assert took < 5, took
+        assert rounds[0] > before  # the neighbour goes on
+    finally:
+        stop.set()
+        thread.join(30)
         running.close()

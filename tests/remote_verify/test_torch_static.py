@@ -15,8 +15,9 @@ import pytest
 from local_draft.speculator import Speculator
 from local_draft.verify_client import VerifyClient
 from remote_verify.acceptance import accept_greedy
-from remote_verify.backends import Pass, load_backend, run_passes
 from remote_verify.backends.cuda_graphs import WARMUP_RUNS, GraphedForward
+from remote_verify.backends.factory import load_backend
+from remote_verify.backends.target import Pass, run_passes
 from remote_verify.backends.torch_static import BLOCK_BUCKETS, NoFreeSlot, TorchStaticTarget
 from tests.conftest import RunningService, hello_for
 from tests.local_draft.test_fallback import target_alone

@@ -63,7 +63,7 @@ def test_the_vocabulary_needs_the_token(guarded):
     response = connection.getresponse()
     assert response.status == 400 and b"2 Authorization headers" in response.read()
     connection.close()
-    _, samples = scrape(guarded.url)
+    _, samples = scrape(guarded.url, TOKEN)
     assert samples.get(("specwire_vocab_downloads_total", ()), 0) == 0
 
 
@@ -83,7 +83,7 @@ def test_the_vocabulary_file_is_the_targets_and_says_its_hashes(guarded, tiny, c
     vocab = DraftModel(tmp_path / "vocab.gguf", vocab_only=True)
     assert vocab.vocab_fingerprint == info["vocab_fingerprint"] and vocab.vocab_size == info["vocab_size"]
     assert get(guarded.url, "/vocab.gguf", TOKEN)[2] == data  # made once: the same bytes every time
-    _, samples = scrape(guarded.url)
+    _, samples = scrape(guarded.url, TOKEN)
     assert samples[("specwire_vocab_downloads_total", ())] == 2
     assert CAPABILITY in welcome_of(guarded.url, close_draft, TOKEN).capabilities
 

@@ -88,6 +88,13 @@ class AssistantTurn(Vertical):
     def reading(self, prompt_tokens: int, unread_tokens: int) -> None:
         self.query_one(WaitingLine).show_reading(prompt_tokens, unread_tokens)
 
+    def wait_for(self, what: str) -> None:
+        self.query_one(WaitingLine).wait_for(what)
+
+    @property
+    def waiting_for(self) -> str:
+        return self.query_one(WaitingLine).waiting_for
+
     @property
     def waiting(self) -> bool:
         """No token yet, and the reply has not ended."""

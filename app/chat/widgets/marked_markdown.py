@@ -18,12 +18,14 @@ import asyncio
 from collections import Counter
 
 from textual.containers import Vertical
+from textual.content import Content
 from textual.widgets import Markdown
 from textual.widgets.markdown import MarkdownStream
 
 from app.chat.widgets.marked_text import MarkedText, printable
 from app.chat.widgets.reply_segments import Segment, Span, SegmentSplitter, spans_from
 
+TITLE_CHARS = 40  # of a code block's info string, as its title: a language name, not a sentence
 GUTTERS = {"draft": "gutter--draft", "target": "gutter--target", "offline": "gutter--offline"}
 
 
@@ -71,7 +73,9 @@ class MarkedMarkdown(Vertical):
     def _new_block(segment: Segment):
         if segment.kind == "code":
             block = MarkedText(classes="code")
-            block.border_title = segment.language or None
+            # The model wrote the info string: Content, not a str, which Textual would parse as markup
+            # ("```[/x]" raised MarkupError, "```[@click=...]" made an action); control characters as symbols
+            block.border_title = Content(printable(segment.language)[:TITLE_CHARS]) if segment.language else None
             return block
         return Markdown(classes="prose")
 

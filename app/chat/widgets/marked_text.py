@@ -11,18 +11,13 @@ from rich.text import Text
 from textual.widgets import Static
 
 from app.chat.widgets.foreground import foreground_style
+from wire.visible_text import visible
 
 PROVENANCE_CLASSES = {"draft": "provenance--draft", "target": "provenance--target", "offline": "provenance--offline"}
 
-# C0 controls but tab and newline -> their Unicode control pictures; DEL and C1 likewise visible
-_VISIBLE = {code: chr(0x2400 + code) for code in range(0x20) if code not in (0x09, 0x0A)}
-_VISIBLE[0x7F] = "\u2421"
-_VISIBLE.update({code: "\ufffd" for code in range(0x80, 0xA0)})
-
-
 def printable(text: str) -> str:
     """`text` safe to put on a terminal: CRLF as LF, other control characters as symbols."""
-    return text.replace("\r\n", "\n").translate(_VISIBLE)
+    return visible(text)
 
 
 class MarkedText(Static):

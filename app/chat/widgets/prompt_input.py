@@ -4,6 +4,12 @@ Terminals send the same byte for Enter and shift+Enter, so the newline key is ct
 (a line feed, which every terminal sends distinctly) or alt+Enter; shift+Enter works too
 where the terminal reports it. Up and Down on the first or last line walk through the
 prompts sent before.
+
+Esc in the box is posted as a StopRequested message of the box's own. Keys a terminal
+delivers together are queued on the box before it handles the first, so the Submitted of
+an Enter lands behind the esc typed after it: the esc, bubbling up as a key, reached the
+screen first, found no reply to stop, and the reply ran on. As a message it keeps its
+place after the Submitted.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ class PromptInput(TextArea):
     class Submitted(Message):
         text: str
 
+    class StopRequested(Message):
+        """Esc, in the order of the messages sent before it."""
+
     def __init__(self, sent_prompts: list[str] | None = None, **kwargs):
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", placeholder=PLACEHOLDER,
                          **kwargs)
@@ -41,6 +50,11 @@ class PromptInput(TextArea):
             event.stop()
             event.prevent_default()
             self.post_message(self.Submitted(self.text))
+            return
+        if event.key == "escape":
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.StopRequested())
             return
         if event.key == "up" and self.cursor_location[0] == 0 and self._browse(-1):
             event.stop()

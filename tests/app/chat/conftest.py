@@ -51,7 +51,9 @@ def chat_settings(tiny, tmp_path):
     def make(**overrides) -> ChatSettings:
         values = dict(draft=tiny.draft, target=str(tiny.target_gguf), backend="llamacpp", max_tokens=48,
                       chats_dir=tmp_path / "chats", steady_display=True, seed=0,
-                      k=4)  # fixed: adaptive k follows timings, and the marks on screen with it
+                      # rounds of a fixed k: a stream's marks follow timings, and the marks on screen with them
+                      # (the default mode has tests of its own: test_engine.py, test_tmux.py)
+                      mode="rounds", k=4)
         values.update(overrides)
         return ChatSettings(**values)
 

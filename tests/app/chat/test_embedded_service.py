@@ -61,3 +61,61 @@ def test_the_service_stops_when_the_chat_process_is_killed(tiny):
     assert parent.returncode == -signal.SIGKILL, parent.stderr
     child = int(parent.stdout.split()[0])
     wait_until(lambda: not _alive(child), 20, "the orphaned service to stop")
+
+
+def test_the_embedded_service_serves_its_chat_only(tiny, close_draft):
+    """Its token is random, never on its command line, and the same after a restart: a client
+    without it is refused (HTTP 401); the chat's client, with it, gets the service's proof."""
+    from local_draft.verify_client import VerifyClient, VerifyError
+    from tests.conftest import hello_for
+
+    service = EmbeddedService(str(tiny.target_gguf), "llamacpp")
+    url = service.start()
+    try:
+        assert len(service.token) >= 32 and service.token not in " ".join(service.command())
+        with open(f"/proc/{service.process.pid}/cmdline", "rb") as cmdline:
+            assert service.token.encode() not in cmdline.read()
+        with pytest.raises(VerifyError) as refused:
+            VerifyClient(url, hello_for(close_draft))
+        assert refused.value.code == "http_401"
+        VerifyClient(url, hello_for(close_draft), token=service.token, prove_service=True).close()
+        token, first = service.token, service.process.pid
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: service.process.pid != first and service.running and service.url == url, 60, "the restart")
+        assert service.token == token
+        VerifyClient(url, hello_for(close_draft), token=token, prove_service=True).close()
+    finally:
+        service.stop()
+
+
+def test_a_program_that_takes_the_port_while_the_service_is_down_hears_nothing(chat_settings, tiny):
+    """The chat's service dies and another program listens on its port before the restart: the chat's
+    reconnects refuse it (it cannot prove it holds the token) and it never receives a Hello, let alone
+    the conversation's Sync; the reply goes on offline."""
+    import socket
+    import time
+
+    from app.chat.engine import ChatEngine
+    from tests.app.chat.test_engine import Recorder
+    from tests.fake_service import FakeService, honest_answer
+
+    engine = ChatEngine(chat_settings(restart_service=False, max_tokens=8), Recorder())
+    impostor = None
+    try:
+        engine.start()
+        engine.reply("my secret plan", lambda: False)
+        service = engine.connection_to.service
+        port = service.port
+        service.process.kill()
+        service.process.wait()
+        impostor = FakeService(honest_answer(), port=port)
+        engine.link.lost("the test killed the service")
+        wait_until(lambda: impostor.connections > 0, 30, "a reconnect to reach the impostor")
+        time.sleep(0.5)
+        outcome = engine.reply("and the next step", lambda: False)
+    finally:
+        engine.close()
+        if impostor is not None:
+            impostor.close()
+    assert impostor.sessions == [] and impostor.connections >= 1  # connected, refused, no Hello
+    assert outcome.stop_reason in ("max_tokens", "eos")

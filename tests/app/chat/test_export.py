@@ -33,3 +33,22 @@ def test_a_stopped_reply_inside_a_code_block_does_not_swallow_the_rest_of_the_ch
     document = to_markdown(conversation, "draft ⇢ target")
     before_turn_two = document.split("## You\n\nthanks")[0]
     assert _fence_lines(before_turn_two) == 2 and "## You\n\nthanks" in document
+
+
+def test_a_saved_document_shows_control_characters_and_is_private(tmp_path):
+    """/save: a reply's escape sequence (OSC 52, a cursor move) is written as visible symbols, so
+    `cat` of the file cannot act on the terminal; the file is created 0600."""
+    import os
+
+    from app.chat.export import save_markdown
+
+    conversation = Conversation(chat_id="c", turns=[_turn(1, "hi\x1b[2J", "ok\x1b]52;c;aGk=\x07 done")])
+    old_umask = os.umask(0o022)
+    try:
+        path = save_markdown(conversation, "draft ⇢ target", tmp_path / "chat.md")
+    finally:
+        os.umask(old_umask)
+    text = path.read_text(encoding="utf-8")
+    assert "\x1b" not in text and "\x07" not in text
+    assert "ok\u241b]52;c;aGk=\u2407 done" in text and "hi\u241b[2J" in text
+    assert path.stat().st_mode & 0o777 == 0o600

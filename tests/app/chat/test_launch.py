@@ -53,6 +53,18 @@ def test_list_shows_saved_chats_newest_first(tmp_path, monkeypatch, capsys):
     assert chat.id in out and "how do I sort a list?" in out and "specwire chat --resume ID" in out
 
 
+def test_list_shows_a_title_with_an_escape_sequence_as_text(tmp_path, monkeypatch, capsys):
+    """--list prints first messages on a terminal: an escape sequence in one (OSC 52 writes the
+    clipboard) is printed as its escape, never as the control character."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    chat = ChatStore(tmp_path / "data" / "specwire" / "chats").create("draft.gguf", "offline")
+    chat.write(UserMessage(1, "\x1b]52;c;aGVsbG8=\x07paste me", "t"))
+    chat.close()
+    assert main(["chat", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\\x1b]52;c;aGVsbG8=\\x07paste me" in out
+
+
 def test_each_chat_process_logs_into_a_file_of_its_own_and_old_logs_are_removed(tmp_path):
     """Two chats at once get two log files (one chat.log interleaved them); only the newest 20 are kept."""
     folder = tmp_path / "state" / "specwire" / "chat-logs"

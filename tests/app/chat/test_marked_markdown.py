@@ -92,3 +92,22 @@ async def test_a_reply_finished_while_its_last_tokens_are_still_being_shown_rend
             await pilot.pause()
             assert [block.source for block in turn.query(Markdown)] == ["Use a set:", "Done."], split
             assert turn.query_one("MarkedText.code", MarkedText)._text.plain == "def f(x):\n    return x", split
+
+
+FENCE_INFO_STRINGS = ["[/x]", "[@click=app.quit]quit[/]", "[b]bold", "\x1b]52;c;aGk=\x07", "python [red]x[/red]"]
+
+
+async def test_a_fence_info_string_is_shown_as_text_never_as_markup():
+    """A reply's code fence line names the block's title: markup in it ("```[/x]" used to raise
+    MarkupError in the display timer and end the chat; "```[@click=...]" added an action) and
+    escape sequences are shown as the characters they are."""
+    for info in FENCE_INFO_STRINGS:
+        async with OneReply().run_test(size=(80, 24)) as pilot:
+            turn = await _stream(pilot, ["```" + info + "\n", "x = 1\n", "```\n"], ["target"] * 3)
+            code = turn.query_one("MarkedText.code", MarkedText)
+            title = code._border_title
+            assert title is not None and "\x1b" not in title.plain, info
+            assert title.plain.startswith(info.split()[0].replace("\x1b", "\u241b").replace("\x07", "\u2407")), \
+                (info, title.plain)
+            assert not title.spans, (info, title.spans)  # no style, no action: plain text
+            assert code._text.plain == "x = 1"

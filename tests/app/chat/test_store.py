@@ -109,3 +109,22 @@ def test_resume_without_an_id_skips_a_newer_chat_open_in_another_process(tmp_pat
         holder.kill()
         holder.wait()
     assert store.path_of(None).stem == theirs
+
+
+def test_saved_chats_are_readable_by_their_owner_only(tmp_path):
+    """A chat file is created 0600 and its folder 0700 whatever the umask; a folder an older version
+    made 0755 is narrowed to 0700 when the next chat is created in it."""
+    old_umask = os.umask(0o022)
+    try:
+        store = ChatStore(tmp_path / "new" / "chats")
+        chat = _chat_with_one_turn(store)
+        chat.close()
+        assert (chat.path.stat().st_mode & 0o777, store.root.stat().st_mode & 0o777) == (0o600, 0o700)
+        older = tmp_path / "older"
+        older.mkdir(mode=0o755)
+        older.chmod(0o755)
+        chat = ChatStore(older).create("draft.gguf", "offline")
+        chat.close()
+        assert (chat.path.stat().st_mode & 0o777, older.stat().st_mode & 0o777) == (0o600, 0o700)
+    finally:
+        os.umask(old_umask)

@@ -1,0 +1,273 @@
+"""The body of a completion request, checked field by field: supported, refused, or ignored.
+
+Every field a request may carry is in one of three tables, which docs/openai-api.md
+mirrors:
+- supported: read and applied (`messages`, `prompt`, `max_tokens`, `temperature`, ...);
+- refused unless neutral: a field that would change the output in a way this endpoint
+  cannot (tools, `n` > 1, logprobs, penalties, images, ...) is a 400 naming it, so that
+  no client gets text made as if it had been applied; sent with its neutral value
+  (`tools: []`, `n: 1`, `logprobs: false`, `frequency_penalty: 0`) it is accepted;
+- ignored: bookkeeping that cannot change the output (`user`, `metadata`, `store`, ...).
+A field in none of them is ignored too, and named in the response's `specwire.ignored`
+and the log: not silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from app.api.errors import bad_request
+from local_draft.chat_template import Message
+from wire.protocol import SamplingParams
+from wire.randomness import seed_problem
+
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's default: a request that sends none samples
+MAX_OPENAI_TEMPERATURE = 2.0  # OpenAI's range is 0 to 2
+MAX_STOPS = 64  # OpenAI takes 4; editors send more for code completion
+
+COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options", "n"}
+SUPPORTED = {"chat": COMMON | {"messages", "max_completion_tokens"}, "text": COMMON | {"prompt"}}
+
+
+def _absent_or(*neutral) -> Callable[[Any], bool]:
+    return lambda value: value is None or any(value == each and type(value) is type(each) for each in neutral)
+
+
+UNPENALIZED = "the output is the target's own distribution, unpenalized: leave it out or send "
+NO_TOOLS = "there is no function calling here: "
+NO_LOGPROBS = "no log probabilities are returned here: leave it out"
+CONSTRAINED = "there is no constrained output here"
+TRUNCATIONS = "top_p and top_k are the truncations offered"
+TEXT_MODEL = "this endpoint serves a text model"
+_COMMON_REFUSED = {
+    "frequency_penalty": (_absent_or(0, 0.0), UNPENALIZED + "0"),
+    "presence_penalty": (_absent_or(0, 0.0), UNPENALIZED + "0"),
+    "logit_bias": (_absent_or({}), "the output is the target's own distribution: leave it out or send {}"),
+    "best_of": (_absent_or(1), "one completion a request here: leave it out or send 1"),
+    # extensions other servers take, each of which changes the output
+    "min_p": (_absent_or(0, 0.0), TRUNCATIONS),
+    "typical_p": (_absent_or(1, 1.0), TRUNCATIONS),
+    "repetition_penalty": (_absent_or(1, 1.0), UNPENALIZED + "1"),
+    "ignore_eos": (_absent_or(False), "a reply ends where the target ends it"),
+    "min_tokens": (_absent_or(0), "a reply ends where the target ends it"),
+    "stop_token_ids": (_absent_or([]), "use `stop` strings"),
+    "grammar": (_absent_or(), CONSTRAINED),
+    "guided_json": (_absent_or(), CONSTRAINED),
+    "guided_regex": (_absent_or(), CONSTRAINED),
+    "guided_choice": (_absent_or(), CONSTRAINED),
+    "guided_grammar": (_absent_or(), CONSTRAINED),
+    "mirostat": (_absent_or(0), TRUNCATIONS),
+}
+REFUSED = {
+    "chat": {
+        **_COMMON_REFUSED,
+        "tools": (_absent_or([]), NO_TOOLS + "send the request without it"),
+        "tool_choice": (_absent_or("none", "auto"), NO_TOOLS + "leave it out (or send \"none\")"),
+        "functions": (_absent_or([]), NO_TOOLS + "send the request without it"),
+        "function_call": (_absent_or("none", "auto"), NO_TOOLS + "leave it out"),
+        "logprobs": (_absent_or(False), NO_LOGPROBS + " or send false"),
+        "top_logprobs": (_absent_or(0), NO_LOGPROBS),
+        "response_format": (lambda value: value is None or value == {"type": "text"},
+                            "there is no JSON mode or schema here: leave it out or send {\"type\": \"text\"}"),
+        "audio": (_absent_or(), TEXT_MODEL),
+        "modalities": (_absent_or(["text"]), TEXT_MODEL + ": leave it out or send [\"text\"]"),
+        "prediction": (_absent_or(), "there are no predicted outputs here"),
+        "web_search_options": (_absent_or(), "there is no web search here"),
+        "reasoning_effort": (_absent_or(), "the target is not served as a reasoning model"),
+    },
+    "text": {
+        **_COMMON_REFUSED,
+        "logprobs": (_absent_or(), NO_LOGPROBS),
+        "echo": (_absent_or(False), "the response holds the completion alone: leave it out or send false"),
+        "suffix": (_absent_or(""), "there is no insertion (fill in the middle) here"),
+    },
+}
+# OpenAI's bookkeeping fields: documented as ignored (any other unknown field is ignored as well)
+IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "safety_identifier",
+           "prompt_cache_key", "verbosity"}
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+MESSAGE_FIELDS = {"role", "content"}  # others (`name`: chat templates have no place for it) are ignored
+MESSAGE_REFUSED = {
+    "tool_calls": "assistant messages with tool_calls are not supported (no function calling)",
+    "function_call": "assistant messages with function_call are not supported (no function calling)",
+    "audio": "audio is not supported: " + TEXT_MODEL,
+}
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """What a request asks for, checked: a chat (messages) or a text prompt, and how to generate."""
+
+    kind: str  # "chat" (/v1/chat/completions) or "text" (/v1/completions)
+    model: str
+    params: SamplingParams
+    messages: tuple[Message, ...] = ()  # chat
+    prompt: str | tuple[int, ...] = ""  # text: a string, or token ids
+    seed: int | None = None  # None: a fresh one
+    max_tokens: int | None = None  # None: up to the end of the context
+    stops: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage
+    ignored: tuple[str, ...] = ()  # fields received and ignored: named in the response
+
+
+def parse_request(kind: str, body: Any) -> CompletionRequest:
+    """The checked request; ApiError (400) naming the first field that is wrong or refused."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    for name, (neutral, why) in REFUSED[kind].items():
+        if name in body and not neutral(body[name]):
+            raise bad_request(f"`{name}` is not supported: {why}", name, "unsupported_parameter")
+    if _number(body, "n", whole=True) not in (None, 1):
+        raise bad_request("`n` must be 1: this endpoint makes one completion a request", "n", "unsupported_parameter")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("`model` is required: the name GET /v1/models lists", "model")
+    stream = _bool(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and not stream:
+        raise bad_request("`stream_options` is only allowed when `stream` is true", "stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise bad_request("`stream_options` must be an object such as {\"include_usage\": true}", "stream_options")
+    include_usage = _bool(options or {}, "include_usage", "stream_options.include_usage")
+    ignored = tuple(sorted(name for name in body if name not in SUPPORTED[kind] and name not in REFUSED[kind]))
+    common = dict(kind=kind, model=model, params=_sampling(body), seed=_seed(body), max_tokens=_max_tokens(kind, body),
+                  stops=_stops(body), stream=stream, include_usage=include_usage)
+    if kind == "chat":
+        messages, message_ignored = _messages(body)
+        return CompletionRequest(messages=messages, ignored=ignored + message_ignored, **common)
+    return CompletionRequest(prompt=_prompt(body), ignored=ignored, **common)
+
+
+# ---- fields -------------------------------------------------------------------------
+
+def _number(body: dict, name: str, whole: bool = False, label: str | None = None):
+    value = body.get(name)
+    if value is None:
+        return None
+    ok = isinstance(value, int) if whole else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok:
+        raise bad_request(f"`{label or name}` must be {'a whole number' if whole else 'a number'}, got {value!r}",
+                          label or name)
+    return value
+
+
+def _bool(body: dict, name: str, label: str | None = None) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad_request(f"`{label or name}` must be true or false, got {value!r}", label or name)
+    return value
+
+
+def _sampling(body: dict) -> SamplingParams:
+    temperature = _number(body, "temperature")
+    top_p = _number(body, "top_p")
+    top_k = _number(body, "top_k", whole=True)
+    params = SamplingParams(temperature=float(DEFAULT_TEMPERATURE if temperature is None else temperature),
+                            top_k=0 if top_k is None else top_k, top_p=1.0 if top_p is None else float(top_p))
+    if not 0.0 <= params.temperature <= MAX_OPENAI_TEMPERATURE:
+        raise bad_request(f"`temperature` must be between 0 and 2, got {temperature}", "temperature")
+    for problem in params.problems():  # each names its field first
+        raise bad_request(problem, problem.split()[0])
+    return params
+
+
+def _seed(body: dict) -> int | None:
+    seed = _number(body, "seed", whole=True)
+    if problem := seed_problem(seed):
+        raise bad_request(f"`seed`: {problem}", "seed")
+    return seed
+
+
+def _max_tokens(kind: str, body: dict) -> int | None:
+    values = {name: _number(body, name, whole=True) for name in ("max_tokens", "max_completion_tokens")
+              if kind == "chat" or name == "max_tokens"}
+    given = {name: value for name, value in values.items() if value is not None}
+    if len(set(given.values())) > 1:
+        raise bad_request("`max_tokens` and `max_completion_tokens` differ: send one of them",
+                          "max_completion_tokens")
+    for name, value in given.items():
+        if value < 1:
+            raise bad_request(f"`{name}` must be at least 1, got {value}", name)
+        return value
+    return None
+
+
+def _stops(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(each, str) for each in stops):
+        raise bad_request(f"`stop` must be a string or a list of strings, got {stop!r}", "stop")
+    if len(stops) > MAX_STOPS:
+        raise bad_request(f"`stop` takes at most {MAX_STOPS} strings, got {len(stops)}", "stop")
+    if any(each == "" for each in stops):
+        raise bad_request("`stop` strings must not be empty", "stop")
+    return tuple(stops)
+
+
+def _messages(body: dict) -> tuple[tuple[Message, ...], tuple[str, ...]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("`messages` is required: a list of {\"role\": ..., \"content\": ...} objects", "messages")
+    checked, ignored = [], []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise bad_request(f"`{where}` must be an object with `role` and `content`", where)
+        for name, why in MESSAGE_REFUSED.items():
+            if message.get(name):
+                raise bad_request(f"`{where}.{name}`: {why}", f"{where}.{name}", "unsupported_parameter")
+        role = message.get("role")
+        if role not in ROLES:
+            hint = " (tool results need function calling, which is not supported)" if role in ("tool", "function") \
+                else ""
+            raise bad_request(f"`{where}.role` must be one of system, developer, user, assistant; got {role!r}{hint}",
+                              f"{where}.role")
+        checked.append(Message(ROLES[role], _content(message.get("content"), role, where)))
+        ignored += [f"{where}.{name}" for name in message if name not in MESSAGE_FIELDS and name not in MESSAGE_REFUSED]
+    return tuple(checked), tuple(ignored)
+
+
+def _content(content: Any, role: str, where: str) -> str:
+    """A message's text: a string, or a list of text parts (joined by newlines, as vLLM does)."""
+    if isinstance(content, str):
+        return content
+    if content is None and role == "assistant":
+        return ""
+    if not isinstance(content, list):
+        raise bad_request(f"`{where}.content` must be a string or a list of text parts, got {content!r}",
+                          f"{where}.content")
+    texts = []
+    for j, part in enumerate(content):
+        at = f"{where}.content[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+            what = f"`{kind}` parts are" if isinstance(kind, str) else "this part is"
+            raise bad_request(f"`{at}`: {what} not supported: this endpoint serves a text model; send "
+                              "{\"type\": \"text\", \"text\": ...} parts or a string", at, "unsupported_content")
+        if not isinstance(part.get("text"), str):
+            raise bad_request(f"`{at}.text` must be a string", f"{at}.text")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _prompt(body: dict) -> str | tuple[int, ...]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request("`prompt` is empty: give the text to continue", "prompt")
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return tuple(prompt)
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+        raise bad_request(f"`prompt` holds {len(prompt)} prompts: one prompt a request here (n = 1, no batches)",
+                          "prompt", "unsupported_parameter")
+    raise bad_request("`prompt` is required: a string (or a list of token ids)", "prompt")

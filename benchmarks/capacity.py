@@ -1,0 +1,310 @@
+"""Users on an emulated GPU: the default mode against server-only streams, at 1 to 64 users.
+
+    .venv/bin/python -m benchmarks.load --emulate PROFILE [--drafter laptop-gpu-0.5b] [--rtt-ms 14]
+        [--users 1,4,16,32,64] [--modes default,server] [--kinds code,chat,prose,repeat] [--max-tokens 96]
+        [--seconds 3] [--time-scale F] [--json FILE]
+    .venv/bin/python -m benchmarks.load --emulate list      # the profiles, one a line
+
+The service is the product's (remote_verify/server.py, its scheduler sharing passes between
+sessions) on an emulated target: the default pair's recorded greedy decisions, each pass held
+for the time the target profile gives a pass of its shape (benchmarks/emulation/). Each user is
+a real client in its own thread with its own connection through the latency proxy (`--rtt-ms`),
+in the mode named, with an emulated drafter (the drafter profile; the real drafter's recorded
+guesses). All users start together and each makes replies of `--max-tokens` tokens, prompt
+after prompt from its own place in the set, for `--seconds` (emulated); every reply finished is
+checked against the target's recorded path.
+
+Reported per (users, mode), over that window: the aggregate tokens/s (every user's tokens
+committed in the window), each user's tokens/s at p50 and p99 (the slowest 1%), the time to
+the first token at p50 and p99 over the replies started in it, how many users got 20 tokens/s
+or more, the target's passes per token, the device's utilization (its time in passes over the
+window: what is not is this machine's own overhead between passes), and the replies that
+differ from the target's path.
+Every figure is emulated and says so (`emulated`: the target profile's name, and the
+drafter's). `--time-scale F` runs every emulated duration (passes, drafted tokens, the round
+trip) F times slower and reports rates F times higher: on a machine too small for the number
+of users (two cores, 64 clients), so that its own overheads stay small beside the emulated
+device's times; the device's utilization says how far that worked (100%: passes back to back).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from app.bench.prompts import PROMPTS
+from app.latency_proxy import LatencyProxy
+from benchmarks.emulation.drafter import EmulatedDraft
+from benchmarks.emulation.profiles import load_drafter_profile, load_target_profile, profile_names
+from benchmarks.emulation.recording import DEFAULT_RECORDING, Recording
+from benchmarks.emulation.serve import start_emulated_service
+from wire.protocol import SamplingParams
+
+MODES = ("default", "server", "rounds", "k0")
+USERS_RATE = 20.0  # tokens/s a user should get: "users served at 20 tokens/s or more"
+
+
+@dataclass
+class UserRecord:
+    commits: list[tuple[float, int]] = field(default_factory=list)  # (time.perf_counter, tokens) as committed
+    first_token_s: list[float] = field(default_factory=list)  # of replies started in the window
+    passes: int = 0
+    tokens: int = 0  # in finished replies (for passes per token)
+    drafted: int = 0
+    accepted: int = 0
+    differing: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    def tokens_in(self, start: float, end: float) -> int:
+        return sum(n for t, n in self.commits if start <= t < end)
+
+
+@dataclass
+class WaveRecord:
+    users: int
+    mode: str
+    rtt_ms: float
+    emulated: str  # the target profile's name (and the drafter's, in modes that draft)
+    aggregate_tok_s: float
+    user_p50_tok_s: float
+    user_p99_tok_s: float  # the slowest 1% of users
+    first_token_p50_s: float
+    first_token_p99_s: float
+    users_at_20_tok_s: int
+    passes_per_token: float
+    acceptance: float
+    utilization: float  # the device's time in passes over the window
+    differing: int
+    errors: list[str]
+    time_scale: float
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+def prompt_set(recording: Recording, kinds: list[str]) -> list:
+    return [entry for entry in recording.entries if entry.kind in kinds]
+
+
+def _generator(mode: str, draft: EmulatedDraft, client, params: SamplingParams):
+    from local_draft.server_only import ServerOnlyGenerator
+    from local_draft.speculator import Speculator
+    from local_draft.stream_speculator import StreamSpeculator
+
+    if mode == "server":
+        return ServerOnlyGenerator(client, draft.end_ids)
+    if mode == "default":
+        # the emulated service stands for a GPU elsewhere, behind the proxy's round trip (its
+        # loopback address would otherwise count it as sharing this machine's cores)
+        return StreamSpeculator(draft, client, params, colocated=False)
+    if mode == "rounds":
+        return Speculator(draft, client, params, k=None, pipeline=True)
+    if mode == "k0":
+        return Speculator(draft, client, params, k=0)
+    raise ValueError(f"unknown mode {mode!r}: choose one of {', '.join(MODES)}")
+
+
+def _user(index: int, mode: str, url: str, draft: EmulatedDraft, entries: list, max_tokens: int,
+          start: threading.Barrier, window: list[float], record: UserRecord) -> None:
+    from local_draft.verify_client import VerifyClient
+
+    params = SamplingParams()
+    client = None
+    try:
+        client = VerifyClient(url, draft.hello(params, client=f"benchmarks.capacity ({mode})"), stall_timeout_s=120.0)
+        generator = _generator(mode, draft, client, params)
+        start.wait()
+        reply = 0
+        while time.perf_counter() < window[1]:
+            entry = entries[(index + reply) % len(entries)]
+            reply += 1
+            began = time.perf_counter()
+            result = generator.generate(entry.prompt, max_tokens,
+                                        lambda tokens, _: record.commits.append((time.perf_counter(), len(tokens))))
+            stats = result.stats
+            if began < window[1]:
+                record.first_token_s.append(stats.first_token_s or stats.wall_s)
+            record.passes += stats.verified_rounds
+            record.tokens += len(result.token_ids)
+            record.drafted += stats.drafted
+            record.accepted += stats.accepted
+            expected = entry.path[:max_tokens]
+            if result.token_ids != expected:
+                at = next((i for i, (a, b) in enumerate(zip(result.token_ids, expected)) if a != b),
+                          min(len(result.token_ids), len(expected)))
+                record.differing.append(f"user {index}, {entry.text[:30]!r}: differs at token {at}")
+    except threading.BrokenBarrierError:
+        record.error = f"user {index}: another user failed before the start"
+    except Exception as exc:  # reported, never raised from a thread
+        record.error = f"user {index}: {type(exc).__name__}: {exc}"
+        start.abort()
+    finally:
+        if client is not None:
+            client.close()
+
+
+def run_wave(url: str, mode: str, users: int, drafts: list[EmulatedDraft], entries: list, max_tokens: int,
+             seconds: float, busy_seconds) -> tuple[list[UserRecord], tuple[float, float], float]:
+    """Every user generating for `seconds` (wall); returns their records, the window and the
+    device's busy seconds in it."""
+    records = [UserRecord() for _ in range(users)]
+    start = threading.Barrier(users + 1)
+    window = [0.0, float("inf")]
+    threads = [threading.Thread(target=_user, args=(i, mode, url, drafts[i], entries, max_tokens, start, window,
+                                                    records[i]), daemon=True) for i in range(users)]
+    for thread in threads:
+        thread.start()
+    try:
+        start.wait(300)
+    except threading.BrokenBarrierError:
+        pass
+    window[0] = time.perf_counter() + seconds / 5  # after every user's first prompt is read
+    window[1] = window[0] + seconds
+    time.sleep(max(0.0, window[0] - time.perf_counter()))
+    busy0 = busy_seconds()
+    time.sleep(max(0.0, window[1] - time.perf_counter()))
+    busy = busy_seconds() - busy0
+    for thread in threads:
+        thread.join()
+    return records, (window[0], window[1]), busy
+
+
+def summarize(records: list[UserRecord], window: tuple[float, float], busy_s: float, users: int, mode: str,
+              rtt_ms: float, emulated: str, time_scale: float) -> WaveRecord:
+    seconds = window[1] - window[0]
+    rates = [r.tokens_in(*window) / seconds * time_scale for r in records]
+    firsts = [s / time_scale for r in records for s in r.first_token_s]
+    drafted = sum(r.drafted for r in records)
+    return WaveRecord(
+        users=users, mode=mode, rtt_ms=rtt_ms, emulated=emulated, aggregate_tok_s=sum(rates),
+        user_p50_tok_s=percentile(rates, 50), user_p99_tok_s=percentile(rates, 1),
+        first_token_p50_s=percentile(firsts, 50), first_token_p99_s=percentile(firsts, 99),
+        users_at_20_tok_s=sum(rate >= USERS_RATE for rate in rates),
+        passes_per_token=sum(r.passes for r in records) / max(sum(r.tokens for r in records), 1),
+        acceptance=sum(r.accepted for r in records) / drafted if drafted else 0.0,
+        utilization=busy_s / seconds, differing=sum(len(r.differing) for r in records),
+        errors=[r.error for r in records if r.error] + [d for r in records for d in r.differing][:3],
+        time_scale=time_scale)
+
+
+def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float], user_counts: list[int],
+                 modes: list[str], kinds: list[str], max_tokens: int, seconds: float, time_scale: float,
+                 recording_path: Path = DEFAULT_RECORDING, vocab_path: Path | None = None,
+                 on_record=None) -> list[WaveRecord]:
+    """Every (round trip, users, mode) wave; `vocab_path`: the GGUF of the recording's vocabulary
+    (default: the default pair's draft)."""
+    from local_draft.draft_model import DraftModel
+    from models.registry import file_path, get_pair
+
+    load_target_profile(target_profile)  # a wrong name fails here, before anything starts
+    drafter = load_drafter_profile(drafter_profile)
+    recording = Recording.load(recording_path)
+    entries = prompt_set(recording, kinds)
+    pair = get_pair()
+    vocab_path = vocab_path or file_path(pair, pair.draft)
+    vocab = DraftModel(vocab_path, vocab_only=True)  # one vocabulary for every user
+    service, url = start_emulated_service(target_profile, "--replay", str(recording_path), "--vocab", str(vocab_path),
+                                          "--time-scale", str(time_scale), "--max-sessions", str(max(user_counts)))
+    results = []
+    try:
+        for rtt in rtts_ms:
+            proxy = LatencyProxy(url, rtt_ms=rtt * time_scale)
+            proxy.start_in_thread()
+            try:
+                for users in user_counts:
+                    drafts = [EmulatedDraft(vocab, drafter, recording, time_scale) for _ in range(users)]
+                    for mode in modes:
+                        records, window, busy = run_wave(proxy.url, mode, users, drafts, entries, max_tokens,
+                                                         seconds * time_scale, lambda: _metric(url, BUSY))
+                        label = target_profile if mode == "server" else f"{target_profile} + {drafter_profile}"
+                        record = summarize(records, window, busy, users, mode, rtt, label, time_scale)
+                        results.append(record)
+                        if on_record is not None:
+                            on_record(record)
+            finally:
+                proxy.stop()
+    finally:
+        service.terminate()
+        service.wait(timeout=60)
+    return results
+
+
+BUSY = "specwire_target_busy_seconds"
+
+
+def _metric(url: str, name: str) -> float:
+    """One unlabelled sample of the service's /metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(url.replace("ws://", "http://") + "/metrics", timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise KeyError(name)
+
+
+def print_records(records: list[WaveRecord]) -> None:
+    print("EMULATED device (every figure below): target and drafter profiles as named; tokens/s per user "
+          "and aggregate; first token in s")
+    print("| emulated | rtt ms | users | mode | aggregate tok/s | user p50 | user p99 (slowest) | first token p50 / p99 s "
+          "| users >= 20 tok/s | passes/token | acceptance | device busy | differing |")
+    print("|---" * 13 + "|")
+    for r in records:
+        print(f"| {r.emulated} | {r.rtt_ms:g} | {r.users} | {r.mode} | {r.aggregate_tok_s:.1f} | {r.user_p50_tok_s:.1f} | "
+              f"{r.user_p99_tok_s:.1f} | {r.first_token_p50_s:.3f} / {r.first_token_p99_s:.3f} | {r.users_at_20_tok_s} | "
+              f"{r.passes_per_token:.2f} | {r.acceptance:.2f} | {r.utilization:.0%} | {r.differing} |")
+    by_key = {(r.rtt_ms, r.users, r.mode): r for r in records}
+    for (rtt, users, mode), r in by_key.items():
+        server = by_key.get((rtt, users, "server"))
+        if mode != "server" and server is not None and server.aggregate_tok_s:
+            print(f"  {rtt:g} ms, {users} users, {mode} / server: aggregate x{r.aggregate_tok_s / server.aggregate_tok_s:.2f}, "
+                  f"user p50 x{r.user_p50_tok_s / max(server.user_p50_tok_s, 1e-9):.2f}, users at 20 tok/s "
+                  f"{r.users_at_20_tok_s} vs {server.users_at_20_tok_s}")
+    for r in records:
+        for error in r.errors:
+            print(f"  {r.users} {r.mode}: {error}")
+
+
+def add_arguments(parser) -> None:
+    group = parser.add_argument_group("emulated device (--emulate)")
+    group.add_argument("--emulate", metavar="PROFILE", help="instead: users on an emulated target (a target "
+                       "profile of benchmarks/emulation/profiles; `list` prints them)")
+    group.add_argument("--drafter", default="laptop-gpu-0.5b", help="with --emulate: the users' drafter profile")
+    group.add_argument("--users", default="1,4,16,32,64", help="with --emulate: user counts, comma-separated")
+    group.add_argument("--rtt-ms", default="14", help="with --emulate: round trips, comma-separated (ms)")
+    group.add_argument("--modes", default="default,server", help=f"with --emulate: among {', '.join(MODES)}")
+    group.add_argument("--kinds", default="code,chat,prose,repeat", help="with --emulate: prompt kinds")
+    group.add_argument("--seconds", type=float, default=3.0,
+                       help="with --emulate: how long (emulated seconds) each (users, mode) is measured")
+    group.add_argument("--recording", type=Path, default=DEFAULT_RECORDING,
+                       help="with --emulate: the recorded decisions to replay (default: the default pair's)")
+    group.add_argument("--vocab", type=Path, help="with --emulate: the GGUF of the recording's vocabulary "
+                       "(default: the default pair's draft)")
+    group.add_argument("--time-scale", type=float, default=1.0,
+                       help="with --emulate: every emulated duration this many times longer, rates reported back")
+
+
+def main_emulated(args) -> None:
+    if args.emulate == "list":
+        for name in profile_names():
+            print(name)
+        return
+    records = run_capacity(args.emulate, args.drafter, [float(r) for r in args.rtt_ms.split(",")],
+                           [int(u) for u in args.users.split(",")], args.modes.split(","), args.kinds.split(","),
+                           args.max_tokens, args.seconds, args.time_scale, args.recording, args.vocab,
+                           on_record=lambda r: print(f"  {r.rtt_ms:g} ms {r.users} users {r.mode}: "
+                                                     f"{r.aggregate_tok_s:.1f} tok/s aggregate (emulated)", flush=True))
+    print_records(records)
+    if args.json:
+        text = json.dumps([asdict(r) for r in records], indent=1) + "\n"
+        if args.json == "-":
+            print(text, end="")
+        else:
+            Path(args.json).write_text(text)

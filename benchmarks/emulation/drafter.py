@@ -1,0 +1,192 @@
+"""The emulated drafter: a draft model whose work takes the time a device profile gives it.
+
+It is used wherever the client's `DraftModel` is (the stream loop, the round-based loop,
+offline tokens): it reads texts and guesses tokens with the same methods, and keeps a
+cache of what it has read, so that what a call costs is what the real drafter's would
+(reading n new tokens: the profile's prefill time for n, or a decode step for one; each
+guess after the first a decode step). The time is spent sleeping, so sixty-four emulated
+drafters fit beside a service on two cores. Its guesses come from
+- the recording (greedy runs on the default pair): the real drafter's argmax at every
+  position of the target's path (benchmarks/emulation/recording.py); or
+- a real draft model (the tiny one, for sampled runs), whose own compute counts towards
+  the profile's time.
+The vocabulary (tokenizing, the handshake's fingerprint, end tokens) is always the real draft
+GGUF's, loaded vocabulary-only for the replay.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+
+from benchmarks.emulation.profiles import DrafterProfile
+from benchmarks.emulation.recording import Recording
+from benchmarks.emulation.target import ReplayError
+from local_draft.draft_model import CATCH_UP_PIECE, DraftModel, DraftModelError
+from wire.protocol import Hello, SamplingParams, SparseDist
+
+
+class EmulatedDraft:
+    def __init__(self, model: DraftModel, profile: DrafterProfile, recording: Recording | None = None,
+                 time_scale: float = 1.0, n_ctx: int = 4096):
+        """`recording` None: `model` (a real draft model, this drafter's own) guesses; else the
+        recording does, and `model` gives only the vocabulary (one vocabulary-only model may
+        serve many emulated drafters)."""
+        self.model = model
+        self.recording = recording
+        self.profile = profile
+        self.time_scale = time_scale
+        self.path = self.model.path
+        self.n_ctx = n_ctx
+        self.vocab_size, self.bos_id, self.eos_id = self.model.vocab_size, self.model.bos_id, self.model.eos_id
+        self.add_bos = self.model.add_bos
+        self.gpu_offload = True  # what it stands for
+        self.last_catch_up = 0
+        self.piece_s = profile.read_ms(CATCH_UP_PIECE) / 1000 * time_scale
+        self._cached: list[int] = []  # what the emulated drafter has read
+
+    # ---- the vocabulary: the real GGUF's ------------------------------------------------
+
+    @property
+    def vocab_fingerprint(self) -> str:
+        return self.model.vocab_fingerprint
+
+    @property
+    def end_ids(self) -> frozenset[int]:
+        return self.model.end_ids
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.model.chat_template
+
+    def hello(self, params: SamplingParams, seed: int | None = None, client: str = "") -> Hello:
+        return self.model.hello(params, seed=seed, client=client)
+
+    def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
+        return self.model.tokenize(text, add_bos)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.model.token_bytes(token_id)
+
+    # ---- reading ------------------------------------------------------------------------
+
+    @property
+    def evaluated(self) -> list[int]:
+        return list(self._cached)
+
+    def lag(self, context: Sequence[int]) -> int:
+        common = 0
+        limit = min(len(self._cached), len(context))
+        while common < limit and self._cached[common] == context[common]:
+            common += 1
+        return len(context) - min(common, len(context) - 1)
+
+    def rollback(self, n_keep: int) -> None:
+        del self._cached[n_keep:]
+
+    def keep_up(self, context: Sequence[int], should_stop: Callable[[], bool] | None = None) -> None:
+        self._check_room(context, 0)
+        self._catch_up(context, should_stop)
+
+    def _catch_up(self, context: Sequence[int], should_stop: Callable[[], bool] | None = None) -> bool:
+        """Read what of `context` is not cached (at least its last token), in pieces when it may stop."""
+        if not context:
+            raise DraftModelError("empty context: drafting needs at least one token (the prompt or BOS)")
+        common = len(context) - self.lag(context)
+        self.rollback(common)
+        pending = list(context[common:])
+        self.last_catch_up = len(pending)
+        step = len(pending) if should_stop is None else CATCH_UP_PIECE
+        for start in range(0, len(pending), step):
+            if should_stop is not None and should_stop():
+                return False
+            piece = pending[start:start + step]
+            self._spend(self.profile.read_ms(len(piece)))
+            self._cached += piece
+        return True
+
+    # ---- guessing -----------------------------------------------------------------------
+
+    def guess(self, context: Sequence[int], params: SamplingParams, clocks: np.ndarray | None) -> int:
+        self._check_room(context, 1)
+        began = time.perf_counter()
+        lag = self.lag(context)
+        if self.recording is None:
+            token = self.model.guess(context, params, clocks)
+            self._cached = list(context)
+            self._top_up(began, self.profile.read_ms(lag))
+            return token
+        self._catch_up(context)
+        return self._recorded_guess(context, params)
+
+    def propose(self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator,
+                cap: int | None = 64, should_stop: Callable[[], bool] | None = None
+                ) -> tuple[list[int], list[SparseDist]]:
+        self._check_room(context, k)
+        if self.recording is None:
+            began, lag = time.perf_counter(), self.lag(context)
+            tokens, dists = self.model.propose(context, k, params, rng, cap, should_stop)
+            self._cached = list(context) + tokens[:-1]
+            self._top_up(began, self.profile.read_ms(lag) + self.profile.token_ms * max(len(tokens) - 1, 0))
+            return tokens, dists
+        self._catch_up(context)
+        return self._draft(list(context), k, params, should_stop), []
+
+    def draft_ahead(self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator,
+                    should_stop: Callable[[], bool]) -> tuple[int | None, list[int], list[SparseDist]]:
+        self._check_room(context, k + 1)
+        if self.recording is None:
+            began, lag = time.perf_counter(), self.lag(context)
+            guess, tokens, dists = self.model.draft_ahead(context, k, params, rng, should_stop)
+            self._cached = list(self.model.evaluated)
+            self._top_up(began, self.profile.read_ms(lag) + self.profile.token_ms * len(tokens))
+            return guess, tokens, dists
+        if not self._catch_up(context, should_stop):
+            return None, [], []
+        guess = self._recorded_guess(context, params)
+        if k == 0 or guess in self.end_ids or should_stop():
+            return guess, [], []
+        self._spend(self.profile.token_ms)  # evaluating the guess
+        self._cached.append(guess)
+        return guess, self._draft(list(context) + [guess], k, params, should_stop), []
+
+    def _draft(self, context: list[int], k: int, params: SamplingParams,
+               should_stop: Callable[[], bool] | None) -> list[int]:
+        """k recorded guesses after the cached `context`, each after the first costing a decode step."""
+        tokens: list[int] = []
+        for i in range(k):
+            if i and should_stop is not None and should_stop():
+                break
+            if i:
+                self._spend(self.profile.token_ms)
+                self._cached.append(tokens[-1])
+            tokens.append(self._recorded_guess(context + tokens, params))
+        return tokens
+
+    def _recorded_guess(self, context: Sequence[int], params: SamplingParams) -> int:
+        if not params.greedy:
+            raise ReplayError("the recording holds greedy guesses only: run sampled emulation on the tiny models")
+        entry = self.recording.find(list(context))
+        if entry is None:
+            raise ReplayError("no recording starts like this context: the replay knows the default prompt set only")
+        at = len(context) - len(entry.prompt)
+        # After a wrong guess (the context off the recorded path) the real drafter's guess was not
+        # recorded: the recorded one stands in, and nobody verifies it (the chain is already wrong).
+        return entry.guesses[at] if at < len(entry.guesses) else self.eos_id
+
+    # ---- time ---------------------------------------------------------------------------
+
+    def _spend(self, ms: float) -> None:
+        time.sleep(ms / 1000 * self.time_scale)
+
+    def _top_up(self, began: float, ms: float) -> None:
+        left = ms / 1000 * self.time_scale - (time.perf_counter() - began)
+        if left > 0:
+            time.sleep(left)
+
+    def _check_room(self, context: Sequence[int], k: int) -> None:
+        if len(context) + k > self.n_ctx:
+            raise DraftModelError(
+                f"context full: {len(context)} tokens + {k} drafted exceeds the draft context of {self.n_ctx}")

@@ -1,0 +1,91 @@
+"""Record the default pair's greedy decisions for the emulator (benchmarks/emulation/recording.py).
+
+    .venv/bin/python -m benchmarks.emulation.record [--tokens 256] [--out FILE] [--draft GGUF] [--target GGUF]
+
+Starts a real verification service on the target (llama.cpp, as `specwire serve` runs it:
+batch-invariant kernels, so its greedy path is the one every mode commits), streams each
+prompt's greedy continuation from it (`--mode server`), then evaluates the draft model token
+by token along that path and keeps its argmax at every position. About five minutes for the
+default prompt set at 256 tokens on two quiet CPU cores. Each prompt is saved as soon as it is
+recorded, and a run picks up where an interrupted one stopped (the prompts already in --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import platform
+from pathlib import Path
+
+from app.bench.prompts import PROMPTS
+from app.demo import start_service
+from benchmarks.emulation.recording import DEFAULT_RECORDING, Recorded, Recording
+
+log = logging.getLogger(__name__)
+
+
+def record(draft_path: Path, target_path: Path, max_tokens: int, out: Path | None = None) -> Recording:
+    """Record every prompt of the default set (those not already in `out`, which is rewritten after each)."""
+    from local_draft.draft_model import DraftModel
+    from local_draft.server_only import ServerOnlyGenerator
+    from local_draft.verify_client import VerifyClient
+    from wire.protocol import SamplingParams
+
+    draft = DraftModel(draft_path, n_ctx=4096)
+    entries = Recording.load(out).entries if out is not None and out.is_file() else []
+    done = {entry.text for entry in entries}
+    about = {"draft": draft_path.name, "target": target_path.name, "max_tokens": max_tokens,
+             "date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, {platform.processor()}",
+             "service": "specwire serve (llama.cpp, batch-invariant), --mode server"}
+    service, url = start_service(target_path, "--max-context", "4096")
+    try:
+        # a long prompt's pass on a busy machine may take a while: a stall is a minute of silence
+        client = VerifyClient(url, draft.hello(SamplingParams(), client="benchmarks.emulation.record"),
+                              stall_timeout_s=60.0)
+        streamed = ServerOnlyGenerator(client, draft.end_ids)
+        for kind, texts in PROMPTS.items():
+            for text in texts:
+                if text in done:
+                    continue
+                prompt = draft.tokenize(text)
+                result = streamed.generate(prompt, max_tokens)
+                path = result.token_ids
+                guesses = []
+                for i in range(len(path)):
+                    tokens, _ = draft.propose(prompt + path[:i], 1, SamplingParams(), rng=None)
+                    guesses.append(tokens[0])
+                right = sum(g == t for g, t in zip(guesses, path))
+                log.info("%s %r: %d tokens (%s), the drafter's guess right at %d of them",
+                         kind, text[:30], len(path), result.stop_reason, right)
+                entries.append(Recorded(kind, text, prompt, path, guesses, result.stop_reason))
+                if out is not None:
+                    Recording(entries, about).save(out)
+        client.close()
+    finally:
+        service.terminate()
+        service.wait(timeout=60)
+    order = [text for texts in PROMPTS.values() for text in texts]
+    return Recording(sorted(entries, key=lambda entry: order.index(entry.text)), about)
+
+
+def main() -> None:
+    from models.registry import file_path, get_pair
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=256, help="tokens recorded per prompt (fewer at an end token)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_RECORDING)
+    parser.add_argument("--draft", type=Path, help="draft GGUF (default: the default pair's)")
+    parser.add_argument("--target", type=Path, help="target GGUF (default: the default pair's)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    pair = get_pair()
+    draft = args.draft or file_path(pair, pair.draft)
+    target = args.target or file_path(pair, pair.target)
+    recording = record(Path(draft), Path(target), args.tokens, args.out)
+    recording.save(args.out)
+    print(f"wrote {len(recording.entries)} prompts to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""The default pair's greedy decisions, recorded once from the real models, for the emulator to replay.
+
+For each prompt of the default prompt set (app/bench/prompts.py): its token ids, the target's
+greedy continuation (`path`: what `--mode server` streams, recorded through a real service),
+and the drafter's greedy guess at each position along it (`guesses[i]`: the draft model's
+argmax after prompt + path[:i], evaluated token by token as a drafter does). That is every
+decision speculation needs under greedy decoding: a block or chain of guesses is right up to
+its first wrong token, and every guess up to there continues the target's own path, so
+acceptance position by position is the real pair's. What a drafter would guess after a wrong
+guess is not recorded (no verification ever looks at it); the replay repeats the recorded
+guess there, and the stream drops it.
+
+`benchmarks/emulation/record.py` makes the file; the emulated target and drafter read it
+(benchmarks/emulation/target.py, drafter.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+RECORDINGS_DIR = Path(__file__).parent / "recordings"
+DEFAULT_RECORDING = RECORDINGS_DIR / "default-pair.json"
+
+
+@dataclass
+class Recorded:
+    kind: str  # the prompt's kind: code, chat, prose, repeat
+    text: str
+    prompt: list[int]
+    path: list[int]  # the target's greedy continuation
+    guesses: list[int]  # guesses[i]: the drafter's greedy token after prompt + path[:i]
+    stop: str  # "eos": path ends with an end token; "max_tokens": recorded that far
+
+
+@dataclass
+class Recording:
+    entries: list[Recorded]
+    about: dict = field(default_factory=dict)  # models, date, machine, command
+
+    def __post_init__(self) -> None:
+        self._by_length: dict[int, dict[tuple[int, ...], Recorded]] = {}
+        for entry in self.entries:
+            self._by_length.setdefault(len(entry.prompt), {})[tuple(entry.prompt)] = entry
+
+    def find(self, tokens: list[int]) -> Recorded | None:
+        """The entry whose prompt `tokens` start with (the longest, if several)."""
+        for length in sorted(self._by_length, reverse=True):
+            if length <= len(tokens):
+                entry = self._by_length[length].get(tuple(tokens[:length]))
+                if entry is not None:
+                    return entry
+        return None
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"about": self.about, "entries": [asdict(e) for e in self.entries]}) + "\n")
+
+    @classmethod
+    def load(cls, path: Path = DEFAULT_RECORDING) -> Recording:
+        if not path.is_file():
+            raise FileNotFoundError(f"no recording at {path}: make one with `python -m benchmarks.emulation.record`")
+        data = json.loads(path.read_text())
+        return cls([Recorded(**entry) for entry in data["entries"]], data.get("about", {}))
+
+
+def on_path(entry: Recorded, tokens: list[int]) -> int:
+    """How many tokens after the prompt in `tokens` follow the recorded path (its length if all do)."""
+    after = tokens[len(entry.prompt):]
+    n = 0
+    for mine, recorded in zip(after, entry.path):
+        if mine != recorded:
+            break
+        n += 1
+    return n

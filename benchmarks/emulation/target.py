@@ -1,0 +1,180 @@
+"""The emulated target: the service's real machinery, with forward passes timed by a device profile.
+
+`EmulatedTarget` is a target backend (remote_verify/backends: new_cache, forward, truncate,
+forward_many) that the real `VerifyService` runs: sessions, scheduler, shared passes,
+acceptance and protocol are the product's own. Only the forward pass is stood in for: its
+tokens come from an inner backend, and the pass is then held, by sleeping (no CPU spent),
+until it has taken what the profile says a pass of that shape takes:
+c(tokens in the pass, sessions in it, their cached tokens) (benchmarks/emulation/profiles.py),
+times `time_scale`. The inner backend is
+- `ReplayTarget` for greedy runs on the default pair: the target's greedy path for each
+  prompt, recorded once from the real model (benchmarks/emulation/recording.py), returned
+  position by position as argmax ids, so every verification decides as the real target did;
+- a real tiny-model backend (llama.cpp) for sampled runs and tests, whose own compute time
+  counts towards the profile's.
+
+A pass whose inner work outlasts the profile is not shortened: `overrun_s` adds up the
+time by which passes ran over, so a run can say how far its machine kept up.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from benchmarks.emulation.profiles import TargetProfile
+from benchmarks.emulation.recording import Recorded, Recording
+from remote_verify.backends.target import Pass, run_passes
+
+
+class ReplayError(RuntimeError):
+    """The replay was asked what it did not record (another prompt, more tokens, sampling)."""
+
+
+@dataclass
+class ReplayCache:
+    tokens: list[int] = field(default_factory=list)
+    entry: Recorded | None = None  # the recorded prompt these tokens start with
+    on_path: int = 0  # tokens after the prompt that follow the recorded path
+
+
+class ReplayTarget:
+    """The default pair's target, replayed: its greedy choice at every position of the recorded paths."""
+
+    batch_invariant = True
+
+    def __init__(self, recording: Recording, vocab_gguf: Path, max_context: int = 4096):
+        from local_draft.draft_model import DraftModel
+
+        self.recording = recording
+        self._vocab = DraftModel(vocab_gguf, vocab_only=True)
+        self.vocab_size = self._vocab.vocab_size
+        self.bos_id, self.eos_id = self._vocab.bos_id, self._vocab.eos_id
+        self.max_context = max_context
+        self.name = "replay"
+
+    def token_texts(self) -> list[bytes]:
+        return [self._vocab.token_text(i) for i in range(self.vocab_size)]
+
+    def new_cache(self) -> ReplayCache:
+        return ReplayCache()
+
+    def truncate(self, cache: ReplayCache, length: int) -> None:
+        del cache.tokens[length:]
+        if cache.entry is not None:
+            if length < len(cache.entry.prompt):
+                cache.entry, cache.on_path = None, 0
+            else:
+                cache.on_path = min(cache.on_path, length - len(cache.entry.prompt))
+
+    def forward(self, cache: ReplayCache, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        """One-hot logits (n_logits, V) at the recorded argmax, for callers that want logits (the
+        service's cost calibration, which runs a made-up history: that scores end-of-text)."""
+        ids = self._append(cache, tokens, n_logits, strict=False)
+        logits = np.zeros((n_logits, self.vocab_size), dtype=np.float32)
+        logits[np.arange(n_logits), ids] = 1.0
+        return logits
+
+    def forward_many(self, passes: Sequence[Pass]) -> list[np.ndarray]:
+        results = []
+        for item in passes:
+            if not item.argmax_only:
+                raise ReplayError("the replay holds the greedy path only: run sampled emulation on the tiny models")
+            results.append(self._append(item.cache, item.tokens, item.n_logits))
+        return results
+
+    def _append(self, cache: ReplayCache, tokens: Sequence[int], n_logits: int, strict: bool = True) -> np.ndarray:
+        cache.tokens += list(tokens)
+        if cache.entry is None:
+            cache.entry = self.recording.find(cache.tokens)
+            if cache.entry is None and not strict:
+                return np.full(n_logits, self.eos_id, dtype=np.int64)
+            if cache.entry is None:
+                raise ReplayError(f"no recording starts like this history ({len(cache.tokens)} tokens): the replay "
+                                  "knows the default prompt set only")
+        entry, prompt = cache.entry, len(cache.entry.prompt)
+        after = cache.tokens[prompt:]
+        while cache.on_path < min(len(after), len(entry.path)) and after[cache.on_path] == entry.path[cache.on_path]:
+            cache.on_path += 1
+        ids = np.empty(n_logits, dtype=np.int64)
+        for row in range(n_logits):
+            predicted = len(cache.tokens) - n_logits + row + 1 - prompt  # the path index this row predicts
+            if predicted < 0:
+                ids[row] = cache.tokens[prompt + predicted]  # inside the prompt: nobody reads it
+            elif predicted < len(entry.path):
+                ids[row] = entry.path[predicted]  # off the path (after a wrong guess) it is never decisive
+            elif predicted <= cache.on_path and entry.stop == "max_tokens":
+                raise ReplayError(f"the recording holds {len(entry.path)} tokens after this prompt: record more "
+                                  "(python -m benchmarks.emulation.record --tokens N)")
+            else:
+                ids[row] = self.eos_id  # past an end token, or off the path
+        return ids
+
+
+@dataclass
+class EmulatedCache:
+    inner: Any
+    length: int = 0  # cached tokens, for the profile's context term
+
+
+class EmulatedTarget:
+    """An inner target backend whose passes take the time a device profile gives them."""
+
+    def __init__(self, inner, profile: TargetProfile, time_scale: float = 1.0):
+        self.inner = inner
+        self.profile = profile
+        self.time_scale = time_scale
+        self.name = f"emulated:{profile.name}"
+        self.batch_invariant = inner.batch_invariant
+        self.vocab_size = inner.vocab_size
+        self.max_context = inner.max_context
+        self.bos_id, self.eos_id = inner.bos_id, inner.eos_id
+        self.passes = 0
+        self.overrun_s = 0.0  # time by which inner work outlasted the profile
+
+    def token_texts(self) -> list[bytes]:
+        return self.inner.token_texts()
+
+    def new_cache(self) -> EmulatedCache:
+        return EmulatedCache(self.inner.new_cache())
+
+    def truncate(self, cache: EmulatedCache, length: int) -> None:
+        self.inner.truncate(cache.inner, length)
+        cache.length = min(cache.length, length)
+
+    def release(self, cache: EmulatedCache) -> None:
+        release = getattr(self.inner, "release", None)
+        if release is not None:
+            release(cache.inner)
+
+    def forward(self, cache: EmulatedCache, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        started = time.perf_counter()
+        context = cache.length
+        logits = self.inner.forward(cache.inner, tokens, n_logits)
+        cache.length += len(tokens)
+        self._hold(started, len(tokens), 1, context)
+        return logits
+
+    def forward_many(self, passes: Sequence[Pass]) -> list[np.ndarray]:
+        started = time.perf_counter()
+        context = sum(item.cache.length for item in passes)
+        results = run_passes(self.inner, [Pass(item.cache.inner, item.tokens, item.n_logits, item.argmax_only)
+                                          for item in passes])
+        for item in passes:
+            item.cache.length += len(item.tokens)
+        self._hold(started, sum(len(item.tokens) for item in passes), len(passes), context)
+        return results
+
+    def _hold(self, started: float, tokens: int, sessions: int, context: int) -> None:
+        """Sleep until the pass has taken the profile's time for its shape."""
+        self.passes += 1
+        due = self.profile.pass_ms(tokens, sessions, context) / 1000 * self.time_scale
+        left = due - (time.perf_counter() - started)
+        if left > 0:
+            time.sleep(left)
+        else:
+            self.overrun_s -= left

@@ -1,0 +1,242 @@
+"""When the drafter works during a stream, and how far ahead: from one objective and measured costs.
+
+The objective is the user's rate: tokens committed per second of the stream. The stream
+alone (no drafting) sets the floor: the service makes a token a pass and never waits for
+the drafter, so drafting can only be worth its cost where it raises that rate.
+
+What drafting can buy is bounded by two measured costs, with a a the acceptance of a guess
+(the chance it is right when the ones before it were):
+- the service's: a pass that verifies b guesses costs c(1 + b) (its measured cost curve,
+  sent in the Welcome) and commits 1 + a + a^2 + ... + a^b tokens on average, against one
+  token for c(1) without guesses;
+- the drafter's: it makes a guess in g seconds, so a pass of c(1 + b) seconds can only
+  find about c(1 + b) / g new guesses waiting.
+and, on one machine, a third: the drafter takes cores the service's passes need. Each frame
+says how long its pass took; divided by what the curve gives a pass of its size, that is the
+service's slowdown, measured apart while the drafter works and while it rests, and their
+ratio (`interference`, 1 where the service runs elsewhere) prices every drafting pass.
+`possible_gain` is the best rate those allow over the stream's own, and where it is below 1
+(a CPU target whose pass costs grow with every token, a drafter slower than a target step)
+the drafter never starts. Where a remote service's curve makes it large (CLEAR_GAIN: a GPU,
+where a pass of 16 tokens costs about one), drafting cannot lose: the drafter takes nothing
+from the service and a guess costs its pass next to nothing, so it drafts from the start. In
+between, the model has left out what only a measurement shows: a drafter on the service's
+own machine takes the cores its passes need, and a far service passes the positions a chain
+guessed before the chain arrives. So the rate itself decides: measured per frame while
+drafting and while not, it keeps the drafter working while drafting is the faster of the
+two, and rests it otherwise; a rest lasts `rest_tokens`, which doubles after each probe that
+lost (a drafter that keeps losing costs less and less) and falls back after one that won.
+The acceptance is kept current by the guesses themselves.
+
+How far ahead: a guess helps if it reaches the service before the stream passes its position
+and is right, so the chain runs ahead of what has been received by the tokens the stream
+makes while a guess travels (`lead`), plus as many as are likely to be right (`span`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from wire.cost_curve import curve_seconds
+from wire.protocol import PassCost
+
+MEMORY = 0.85  # weight of the past per frame: a rate follows a change in the text within ~7 frames
+PRIOR_ACCEPTANCE = 0.7
+PRIOR_WEIGHT = 2.0
+MIN_FRAMES = 4  # frames measured before a rate is trusted against the other (and rested before a probe)
+PROBE_TOKENS = 24  # a probe drafts for this many committed tokens before its rate is read
+FIRST_REST_TOKENS = 32  # rest after a losing probe; doubles with every losing probe after it
+MAX_REST_TOKENS = 2048
+MARGIN = 1.02  # drafting must be this much faster to be kept (its measurements are noisier)
+CLEAR_GAIN = 2.0  # a remote service whose costs allow this much drafts without measuring
+LIKELY = 0.15  # guesses whose chance of being reached and right is below this are not made
+MAX_SPAN = 32
+
+
+class Decayed:
+    """An exponentially forgetting mean, with its weight (how much evidence it holds)."""
+
+    def __init__(self, total: float = 0.0, weight: float = 0.0):
+        self.total, self.weight = total, weight
+
+    def add(self, value: float, weight: float = 1.0) -> None:
+        self.total = self.total * MEMORY + value * weight
+        self.weight = self.weight * MEMORY + weight
+
+    @property
+    def value(self) -> float | None:
+        return self.total / self.weight if self.weight > 1e-9 else None
+
+
+@dataclass
+class StreamController:
+    curve: Sequence[PassCost] = ()  # the service's cost curve (from its Welcome)
+    # None: the drafter works while it pays, as measured; N: always, at most N guesses past the
+    # stream's expected position (the user asked for it: `--k N`); 0: never
+    max_block: int | None = None
+    colocated: bool = True  # the service computes on this machine's cores (a loopback address)
+    drafting: bool = False  # the decision in force
+    rest_tokens: int = 0  # tokens to rest before the next probe (0: probe as soon as drafting may pay)
+
+    def __post_init__(self) -> None:
+        self._acceptance = Decayed(PRIOR_ACCEPTANCE * PRIOR_WEIGHT, PRIOR_WEIGHT)
+        self._guess_s = Decayed()  # the drafter's seconds per guess
+        self._token_s = {True: Decayed(), False: Decayed()}  # seconds per committed token, drafting or not
+        self._frames = {True: 0, False: 0}
+        self._wire_s = Decayed()  # the round trip, less the service's time
+        self._slowdown = {True: Decayed(), False: Decayed()}  # a pass's time over the curve's, drafting or not
+        self._since_switch = 0  # tokens committed since the decision last changed
+
+    # ---- what is measured -------------------------------------------------------------
+
+    @property
+    def acceptance(self) -> float:
+        return min(self._acceptance.value, 0.995)
+
+    def observe_guesses(self, right: int, tested: int) -> None:
+        """Guesses compared with committed tokens: `right` of `tested` (the last one wrong if right < tested)."""
+        for i in range(tested):
+            self._acceptance.add(1.0 if i < right else 0.0)
+
+    def observe_guess_time(self, seconds: float) -> None:
+        self._guess_s.add(seconds)
+
+    def observe_wire(self, seconds: float) -> None:
+        self._wire_s.add(max(0.0, seconds))
+
+    def observe_frame(self, tokens: int, interval_s: float, drafting: bool, forward_s: float = 0.0,
+                      pass_tokens: int = 0) -> None:
+        """A frame of `tokens` committed tokens came `interval_s` after the previous one, while the
+        drafter was (or was not) working; its pass of `pass_tokens` tokens took `forward_s`."""
+        if tokens <= 0 or interval_s <= 0:
+            return
+        expected = self.seconds(pass_tokens) if pass_tokens > 0 and forward_s > 0 else None
+        if expected:
+            self._slowdown[drafting].add(forward_s / expected)
+        self._token_s[drafting].add(interval_s / tokens, tokens)
+        self._frames[drafting] += 1
+        self._since_switch += tokens
+        self._decide()
+
+    def rate(self, drafting: bool) -> float | None:
+        """Measured tokens per second with the drafter working (or not); None until measured."""
+        per_token = self._token_s[drafting].value
+        if per_token is None or self._frames[drafting] < MIN_FRAMES:
+            return None
+        return 1.0 / per_token
+
+    # ---- the model ------------------------------------------------------------------------
+
+    def seconds(self, tokens: int) -> float | None:
+        """The service's c(tokens), from its Welcome (None if it did not state it)."""
+        return curve_seconds(self.curve, tokens)
+
+    @property
+    def interference(self) -> float:
+        """How much slower the service's passes run while the drafter works (1: not measured, or no slower)."""
+        drafting, resting = self._slowdown[True].value, self._slowdown[False].value
+        return max(1.0, drafting / resting) if drafting and resting else 1.0
+
+    def possible_gain(self, acceptance: float | None = None) -> float:
+        """The best rate drafting allows over the stream's own, from the costs (see above);
+        infinite when they are not known, so that a first probe measures them."""
+        a = self.acceptance if acceptance is None else acceptance
+        step = self.seconds(1)
+        if step is None:
+            return math.inf
+        guess_s = self._guess_s.value
+        best = 1.0
+        for b in range(1, self.longest_block() + 1):
+            cost = self.seconds(1 + b) * self.interference
+            if cost <= 0:  # a curve that says a pass costs nothing says nothing a gain can be read from
+                return math.inf
+            found = b if not guess_s else min(b, cost / guess_s)  # guesses the drafter can have ready
+            best = max(best, (sum(a ** i for i in range(int(found) + 1)) + (found % 1) * a ** (int(found) + 1))
+                       * step / cost)
+        return best
+
+    def longest_block(self) -> int:
+        return MAX_SPAN if self.max_block is None else max(1, min(self.max_block, MAX_SPAN))
+
+    # ---- the decisions ----------------------------------------------------------------------
+
+    def horizon(self, rate: float | None) -> int:
+        """How many guesses ahead of the received text the chain may run (0: none)."""
+        if not self.drafting:
+            return 0
+        likely = max(2, math.ceil(math.log(LIKELY) / math.log(self.acceptance))) if self.acceptance > 0 else 2
+        span = min(self.longest_block(), likely)
+        wire = self._wire_s.value or 0.0
+        lead = math.ceil((rate or 0.0) * wire / 2) + 1  # tokens the stream makes while a guess travels
+        return lead + span if self.max_block is None else min(lead + span, lead + self.max_block)
+
+    def new_reply(self) -> None:
+        """A reply starts: the decision in force carries over, its measurements too."""
+        self._decide()
+
+    def _decide(self) -> None:
+        if self.max_block is not None:
+            self._switch(self.max_block > 0)  # the user's setting, not a measurement
+            return
+        hopeless = self.possible_gain(max(self.acceptance, 0.9)) < MARGIN
+        if hopeless and not self.drafting and self._since_switch < MAX_REST_TOKENS:
+            return  # cannot pay even at a good acceptance: rest (after the longest rest, one probe all
+            # the same, in case what was measured has changed)
+        if not hopeless and not self.colocated and self.possible_gain() >= CLEAR_GAIN:
+            self._switch(True)  # cannot lose: nothing to measure
+            return
+        drafting_rate, resting_rate = self.rate(True), self.rate(False)
+        if self.drafting:
+            if resting_rate is None and self._since_switch >= 4 * PROBE_TOKENS:
+                self._switch(False)  # drafting since the start (as the last run ended): measure the rate to beat
+                return
+            if self._since_switch < PROBE_TOKENS or drafting_rate is None or resting_rate is None:
+                return  # a probe runs its course
+            if drafting_rate < resting_rate * MARGIN:
+                self.rest_tokens = min(max(self.rest_tokens * 2, FIRST_REST_TOKENS), MAX_REST_TOKENS)
+                self._switch(False)
+            else:
+                self.rest_tokens = 0  # it pays: the next rest (if the text changes) is short
+        elif resting_rate is not None and self._since_switch >= min(self.rest_tokens, MAX_REST_TOKENS):
+            self._switch(True)  # rested long enough, and the rate to beat is measured: probe
+
+    def _switch(self, drafting: bool) -> None:
+        if drafting != self.drafting:
+            self.drafting = drafting
+            self._since_switch = 0
+            self._token_s[drafting] = Decayed()  # a fresh measurement for the new regime
+            self._frames[drafting] = 0
+
+    # ---- kept between runs ------------------------------------------------------------------
+
+    def state(self) -> dict:
+        return {"acceptance": [self._acceptance.total, self._acceptance.weight],
+                "guess_s": [self._guess_s.total, self._guess_s.weight],
+                "wire_s": [self._wire_s.total, self._wire_s.weight],
+                "slowdown_drafting": [self._slowdown[True].total, self._slowdown[True].weight],
+                "slowdown_resting": [self._slowdown[False].total, self._slowdown[False].weight],
+                "rest_tokens": self.rest_tokens, "drafting": self.drafting, "since_switch": self._since_switch}
+
+    def restore(self, state: dict) -> None:
+        """Start from a `state()` of an earlier run; ValueError (nothing changed) if it is malformed."""
+        try:
+            state = {"slowdown_drafting": [0.0, 0.0], "slowdown_resting": [0.0, 0.0], **state}
+            pairs = [[float(x) for x in state[name]] for name in ("acceptance", "guess_s", "wire_s",
+                                                                   "slowdown_drafting", "slowdown_resting")]
+            rest_tokens = int(state["rest_tokens"])
+            since_switch = int(state.get("since_switch", 0))
+            drafting = bool(state["drafting"])
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise ValueError(f"not a stream controller state: {exc}") from None
+        if any(len(pair) != 2 or not all(math.isfinite(x) and x >= 0 for x in pair) for pair in pairs):
+            raise ValueError("not a stream controller state: wrong shapes or values")
+        for decayed, (total, weight) in zip((self._acceptance, self._guess_s, self._wire_s, self._slowdown[True],
+                                             self._slowdown[False]), pairs):
+            decayed.total, decayed.weight = total, weight
+        if self._acceptance.value is None:
+            self._acceptance = Decayed(PRIOR_ACCEPTANCE * PRIOR_WEIGHT, PRIOR_WEIGHT)
+        self.rest_tokens = max(0, min(rest_tokens, MAX_REST_TOKENS))
+        self._since_switch = max(0, min(since_switch, MAX_REST_TOKENS))
+        self.drafting = drafting

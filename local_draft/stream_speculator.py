@@ -1,0 +1,410 @@
+"""The default generation: the service streams, the drafter guesses ahead, the next pass verifies.
+
+The service generates as it does alone (`--mode server`): a forward pass after another,
+each committing the target's next token, streamed back as it is made. Nothing waits for
+the drafter. Meanwhile the client guesses the tokens ahead of what it has received (a
+chain of guesses, sent in Draft frames as they are made) and the service's next pass
+verifies the guesses that have arrived: those for positions the stream has passed are
+compared with what it committed, those past its end are fed to the pass, and each one that
+equals the target's own pick there is committed before the target's next token. A pass
+that keeps g guesses commits g + 1 tokens for about the price of one on a GPU; the round
+trip is never on the critical path, because the stream does not wait for it.
+
+The text is the target's alone, token for token, whatever was guessed: the target's pick at
+a position is its argmax, or under sampling the winner of the race of its warped
+distribution over clocks keyed by (seed, position) (wire/randomness.py); a guess is kept
+only where it equals that pick. The drafter guesses by running the same race over its own
+distribution (it knows the seed: one is made here when the user gives none, and the service
+is told it), which makes its guesses right about as often as rejection sampling would accept
+them, and makes a seeded reply the same with or without drafting, at any round trip.
+
+When the drafter works is `StreamController`'s decision (local_draft/stream_controller.py):
+only while drafting raises the stream's rate. Resting, it reads nothing: the stream is then
+`--mode server` exactly.
+
+Who guesses is the `drafting` setting: the draft model ("model"), the n-gram copy of the
+context with no model ("ngram"), or per chain whichever has been right more often ("mixed").
+A lost service is handled as the round-based loop handles it (local_draft/speculator.py):
+the draft model goes on alone, unverified ("offline"), while the link reconnects; then the
+stream resumes from the whole history on the new connection. With no model, the loss is
+waited for (`resume_within_s`), then is an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from local_draft.draft_model import DraftModel, DraftModelError
+from local_draft.generation_stats import Generation, GenerationStats
+from local_draft.ngram_draft import NGramDrafter
+from local_draft.service_link import ServiceLink
+from local_draft.speculator import FixedLink, OnCommit, ShouldStop
+from local_draft.stream_controller import StreamController
+from local_draft.verify_client import ServiceUnreachable, VerifyClient, VerifyError
+from wire.protocol import Cancel, Draft, Generate, Generated, SamplingParams, Sync
+from wire.randomness import DecisionRandomness, draft_generator, fresh_seed
+
+log = logging.getLogger(__name__)
+
+STOP_REASONS = {"cancelled": "stopped"}  # the service's word -> the loop's
+INTERRUPTED = ("going_away", "lost")  # the stream ended before its end: continue on a new connection
+MIN_SEND_INTERVAL_S = 0.002  # guesses made faster than this go out together (a service counts frames)
+STOP_POLL_S = 0.05  # waiting for a frame, a stop asked by the user is seen within this
+NGRAM_MIN_MATCH = 2  # shorter matches (a common token) guess badly: not sent in "mixed"
+SOURCE_MEMORY = 0.9  # "mixed": the weight of the past in each drafter's record of right guesses
+
+
+@dataclass
+class GuessChain:
+    """The client's guesses for the positions after its received history."""
+
+    number: int  # the service tells chains apart by it
+    start: int  # position of tokens[0]: the received history's length
+    tokens: list[int] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)  # who guessed each ("model" or "ngram")
+    sent: int = 0  # tokens[:sent] are at the service (or on their way)
+
+    def advance(self, committed: list[int]) -> tuple[int, int]:
+        """Tokens were committed at `start`: drop the guesses they confirm. Returns (right, tested):
+        how many guesses they confirmed and how many they tested (one more when one was wrong)."""
+        right = 0
+        while right < min(len(committed), len(self.tokens)) and self.tokens[right] == committed[right]:
+            right += 1
+        tested = right + (1 if right < min(len(committed), len(self.tokens)) else 0)
+        return right, tested
+
+
+class StreamSpeculator:
+    """The default mode's loop: one Generate a reply (more after a lost service), guesses as it runs."""
+
+    def __init__(self, draft: DraftModel | None, link: ServiceLink | VerifyClient | None, params: SamplingParams,
+                 seed: int | None = None, max_block: int | None = None, drafting: str = "model",
+                 end_ids: Iterable[int] | None = None, resume_within_s: float = 0.0, colocated: bool | None = None):
+        if drafting not in ("model", "ngram", "mixed"):
+            raise ValueError(f"drafting must be model, ngram or mixed, got {drafting!r}")
+        self.draft = draft if drafting != "ngram" else None
+        if self.draft is None and drafting != "ngram":
+            raise ValueError(f"drafting {drafting!r} needs a draft model")
+        if end_ids is None and draft is None:
+            raise ValueError("without a draft model, end_ids must say which tokens end a generation")
+        self.end_ids = frozenset(end_ids) if end_ids is not None else draft.end_ids
+        self.drafting = drafting
+        self.ngram = NGramDrafter() if drafting != "model" else None
+        self.link = FixedLink(link) if isinstance(link, VerifyClient) else link  # None: offline
+        self.params = params
+        self.resume_within_s = resume_within_s
+        self.colocated = colocated  # the service shares this machine's cores; None: by its address (loopback)
+        # The race's clocks are keyed by the session's seed: the drafter needs it to guess, so
+        # there is always one, made here when the user gives none (greedy needs no clocks).
+        self.seed = seed if seed is not None else fresh_seed()
+        self.randomness = DecisionRandomness(self.seed)
+        self.rng = draft_generator(self.seed)  # offline tokens only
+        self.controller = StreamController(max_block=max_block)
+        self.controller.new_reply()
+        self.stats = GenerationStats()
+        self._client: VerifyClient | None = None  # the connection _service_history refers to
+        self._service_history: list[int] = []
+        self._keyed: VerifyClient | None = None  # the connection known to draw with self.seed
+        self._seq = 0
+        self._chains = 0
+        self._mixed_right = {"model": [0.7, 1.0], "ngram": [0.5, 1.0]}  # decayed right / tested, by source
+
+    # ---- settings -----------------------------------------------------------------------
+
+    @property
+    def k(self) -> int | None:
+        """The longest chain of guesses ahead of the stream (None: as costs say, 0: no drafting)."""
+        return self.controller.max_block
+
+    def set_k(self, k: int | None) -> None:
+        if k is not None and k < 0:
+            raise ValueError(f"k must be 0 or more, got {k}")
+        self.controller.max_block = k
+        self.controller.new_reply()  # a setting takes effect at once
+
+    @property
+    def max_draft(self) -> int | None:
+        return self.link.welcome.max_draft if self.link is not None else None
+
+    def reseed(self, seed: int) -> None:
+        """Draw from `seed` from the next generation on, as a new session with that seed would."""
+        self.seed = seed
+        self.randomness = DecisionRandomness(seed)
+        self.rng = draft_generator(seed)
+        self._keyed = None
+
+    # ---- generating -------------------------------------------------------------------
+
+    def generate(self, context: Sequence[int], max_tokens: int, on_commit: OnCommit | None = None,
+                 should_stop: ShouldStop | None = None) -> Generation:
+        """Continue `context` by up to max_tokens tokens (fewer at an end token, a full context or a stop)."""
+        stats = self.stats = GenerationStats()
+        self.controller.new_reply()
+        history, new = list(context), []
+        reason = "max_tokens"
+        while len(new) < max_tokens:
+            if should_stop is not None and should_stop():
+                reason = "stopped"
+                break
+            client = self.link.current() if self.link is not None else None
+            if client is None:
+                reason = self._without_service(history, new, max_tokens, on_commit)
+                if reason != "more":
+                    break
+                continue
+            if client is not self._client:
+                self._use(client)
+            try:
+                reason = self._stream(client, history, new, max_tokens, on_commit, should_stop)
+            except ServiceUnreachable as exc:
+                self._forget_client()
+                if self.link is None:
+                    raise
+                if self.link.current() in (client, None):  # not if the link already has a newer connection
+                    self.link.lost(str(exc))  # a bare client (FixedLink) raises here
+                reason = "lost"
+            if reason not in INTERRUPTED:
+                break
+        stats.wall_s = time.perf_counter() - stats.started_at
+        return Generation(new, STOP_REASONS.get(reason, reason), stats)
+
+    def _stream(self, client: VerifyClient, history: list[int], new: list[int], max_tokens: int,
+                on_commit: OnCommit | None, should_stop: ShouldStop | None) -> str:
+        """One Generate and its stream, guessing ahead while it runs; returns the stop reason."""
+        stats = self.stats
+        sent0, received0 = client.bytes_sent, client.bytes_received
+        self.controller.curve = client.welcome.pass_costs
+        self.controller.colocated = client.on_this_machine if self.colocated is None else self.colocated
+        self.controller.new_reply()
+        can_draft = "drafts" in client.welcome.capabilities and (self.draft is not None or self.ngram is not None)
+        # Beside a service on this machine the drafter reads nothing during the prompt's pass: it
+        # would take the cores that pass runs on (the first token would come later).
+        early = not self.controller.colocated
+        seq = self._start(client, history, max_tokens - len(new))
+        started = time.perf_counter()
+        chain = self._new_chain(len(history))
+        last_frame_at, frames, cancelled, pause_until, last_send = 0.0, 0, False, 0.0, 0.0
+        try:
+            while True:
+                drafting = (can_draft and (frames > 0 or early) and not cancelled and self.controller.drafting
+                            and time.perf_counter() >= pause_until)
+                horizon = self.controller.horizon(stats.tokens_per_s) if drafting else 0
+                wants_guess = drafting and len(chain.tokens) < horizon
+                if not wants_guess and chain.sent < len(chain.tokens):
+                    self._send(client, seq, chain)  # before waiting: what was guessed goes out
+                if not wants_guess and not cancelled and should_stop is not None:
+                    cancelled = self._wait_or_cancel(client, seq, should_stop)
+                try:
+                    frame = client.next_generated(wait=not wants_guess)
+                except VerifyError as exc:
+                    if frames == 0 and exc.code in ("stale_state", "bad_seq") and not exc.fatal:
+                        self._service_history = []  # the service lost track of us: rebuild its copy
+                        seq = self._start(client, history, max_tokens - len(new))
+                        chain = self._new_chain(len(history))
+                        continue
+                    if exc.fatal or frames == 0:
+                        raise
+                    # a refused Draft (its rate, a malformed chain): the stream goes on without guesses a while
+                    log.info("the service refused a draft: %s", exc)
+                    pause_until = time.perf_counter() + max(exc.retry_after_s, 0.5)
+                    chain = self._new_chain(len(history))
+                    continue
+                if frame is not None:
+                    now = time.perf_counter()
+                    if frames == 0:
+                        self.controller.observe_wire(now - started - frame.forward_s - frame.queue_s)
+                    elif frame.tokens:
+                        self.controller.observe_frame(len(frame.tokens), now - last_frame_at, drafting,
+                                                      frame.forward_s, frame.pass_tokens)
+                    frames += 1
+                    last_frame_at = now
+                    chain = self._commit(frame, history, new, chain, on_commit)
+                    if frame.done:
+                        self._service_history = list(history)
+                        return frame.stop_reason
+                elif wants_guess and not self._guess(client, history, chain):
+                    pause_until = time.perf_counter() + MIN_SEND_INTERVAL_S  # nothing to guess with now
+                elif chain.sent < len(chain.tokens) and time.perf_counter() - last_send >= MIN_SEND_INTERVAL_S:
+                    self._send(client, seq, chain)
+                    last_send = time.perf_counter()
+                if not cancelled and should_stop is not None and should_stop():
+                    client.send_cancel(Cancel(seq=seq))
+                    cancelled = True
+        finally:
+            stats.bytes_sent += client.bytes_sent - sent0
+            stats.bytes_received += client.bytes_received - received0
+
+    @staticmethod
+    def _wait_or_cancel(client: VerifyClient, seq: int, should_stop: ShouldStop) -> bool:
+        """Wait for the next frame, in slices, sending Cancel as soon as a stop is asked (True then).
+        A long pass (a prompt's) is not waited out before the stop is sent; past the client's stall
+        timeout the caller's receive takes over (it asks the service whether it is alive)."""
+        waited = 0.0
+        while waited < client.stall_timeout_s and not client.wait_ready(STOP_POLL_S):
+            waited += STOP_POLL_S
+            if should_stop():
+                client.send_cancel(Cancel(seq=seq))
+                return True
+        return False
+
+    def _start(self, client: VerifyClient, history: list[int], budget: int) -> int:
+        """Send Generate (after a Sync if the service's copy or its seed may differ); returns its seq."""
+        rekey = not self.params.greedy and self._keyed is not client and client.hello_seed != self.seed
+        if rekey or self._service_history != history[: len(self._service_history)]:
+            self._sync(client, history)
+        self._keyed = client
+        self._seq += 1
+        known = len(self._service_history)
+        self._service_history = []  # unknown until the stream ends
+        client.send_generate(Generate(seq=self._seq, committed_len=known, append=history[known:],
+                                      max_tokens=budget, stop_ids=sorted(self.end_ids)))
+        self.stats.round_trips += 1
+        return self._seq
+
+    def _sync(self, client: VerifyClient, history: list[int]) -> None:
+        self._seq += 1
+        client.sync(Sync(seq=self._seq, tokens=list(history), seed=None if self.params.greedy else self.seed))
+        self._service_history = list(history)
+        self.stats.syncs += 1
+        self.stats.round_trips += 1
+
+    # ---- what arrives -------------------------------------------------------------------
+
+    def _commit(self, frame: Generated, history: list[int], new: list[int], chain: GuessChain,
+                on_commit: OnCommit | None) -> GuessChain:
+        """Take a frame's tokens into the history; returns the chain that goes on from them."""
+        stats = self.stats
+        stats.service_s += frame.forward_s + frame.queue_s
+        stats.forward_s += frame.forward_s
+        stats.queue_s += frame.queue_s
+        tokens = list(frame.tokens)
+        if not tokens:
+            return chain
+        accepted = min(frame.accepted, len(tokens))
+        stats.record_round(frame.drafted, accepted, len(tokens))
+        stats.last_k = frame.drafted
+        if frame.drafted:
+            stats.record_source(chain.sources[0] if chain.sources else "model", frame.drafted, accepted)
+        right, tested = chain.advance(tokens)
+        if tested:
+            self.controller.observe_guesses(right, tested)
+            self._score_sources(chain, right, tested)
+        history += tokens
+        new += tokens
+        if on_commit:
+            on_commit(tokens, ["draft"] * accepted + ["target"] * (len(tokens) - accepted))
+        if right < len(tokens):  # a guess was wrong, or the chain ran out: guess afresh after the new text
+            return self._new_chain(len(history))
+        rest = GuessChain(chain.number, len(history), chain.tokens[right:], chain.sources[right:],
+                          chain.sent - right)
+        if rest.sent < 0:  # guessed right, but not all of it had gone out: the service's copy ends short
+            rest.number, rest.sent = self._next_chain_number(), 0
+        return rest
+
+    def _new_chain(self, start: int) -> GuessChain:
+        return GuessChain(self._next_chain_number(), start)
+
+    def _next_chain_number(self) -> int:
+        self._chains += 1
+        return self._chains
+
+    # ---- guessing -----------------------------------------------------------------------
+
+    def _guess(self, client: VerifyClient, history: list[int], chain: GuessChain) -> bool:
+        """Extend the chain by one guess (or a copied run); False when there is nothing to guess with.
+
+        A drafter still reading the text reads a piece instead (it stops as a frame arrives)."""
+        context = history + chain.tokens
+        if self.ngram is not None and (self.drafting == "ngram" or self._ngram_preferred()):
+            proposal = self.ngram.propose(context, 8)
+            if proposal.tokens and (self.drafting == "ngram" or proposal.match_len >= NGRAM_MIN_MATCH):
+                chain.tokens += proposal.tokens
+                chain.sources += ["ngram"] * len(proposal.tokens)
+                self.stats.ahead_drafted += len(proposal.tokens)
+                return True
+            if self.drafting == "ngram":
+                return False
+        if self.draft.lag(context) > 2:  # a new prompt, or a turn after a rest: read it while frames come
+            began = time.perf_counter()
+            try:
+                self.draft.keep_up(context, should_stop=client.reply_ready)
+            except DraftModelError:
+                return False
+            self.stats.ahead_s += time.perf_counter() - began
+            return True
+        began = time.perf_counter()
+        clocks = None if self.params.greedy else self.randomness.race(len(context), self.draft.vocab_size)
+        try:
+            token = self.draft.guess(context, self.params, clocks)
+        except DraftModelError:  # the drafter's context is full: the stream goes on without guesses
+            return False
+        spent = time.perf_counter() - began
+        self.controller.observe_guess_time(spent)
+        self.stats.draft_s += spent
+        self.stats.ahead_drafted += 1
+        chain.tokens.append(token)
+        chain.sources.append("model")
+        return True
+
+    def _send(self, client: VerifyClient, seq: int, chain: GuessChain) -> None:
+        unsent = chain.tokens[chain.sent:]
+        source = chain.sources[chain.sent] if chain.sources else "model"
+        client.send_draft(Draft(seq=seq, chain=chain.number, start=chain.start + chain.sent, tokens=unsent,
+                                source=source))
+        chain.sent = len(chain.tokens)
+
+    def _ngram_preferred(self) -> bool:
+        """In "mixed": the copy's guesses have been right at least as often as the model's."""
+        model, ngram = self._mixed_right["model"], self._mixed_right["ngram"]
+        return ngram[0] / ngram[1] >= model[0] / model[1]
+
+    def _score_sources(self, chain: GuessChain, right: int, tested: int) -> None:
+        for i in range(tested):
+            counts = self._mixed_right.get(chain.sources[i])
+            if counts is not None:
+                counts[0] = counts[0] * SOURCE_MEMORY + (1.0 if i < right else 0.0)
+                counts[1] = counts[1] * SOURCE_MEMORY + 1.0
+
+    # ---- without a service --------------------------------------------------------------
+
+    def _without_service(self, history: list[int], new: list[int], max_tokens: int,
+                         on_commit: OnCommit | None) -> str:
+        """No service now: one unverified token from the draft model ("more" to go on); with no
+        model, wait for the link up to resume_within_s, then ServiceUnreachable."""
+        if self.draft is None:
+            deadline = time.monotonic() + self.resume_within_s
+            while self.link is None or self.link.current() is None:
+                if self.link is None or time.monotonic() >= deadline:
+                    raise ServiceUnreachable(
+                        "the verification service is unreachable, and n-gram drafting (--draft ngram) has no "
+                        "local model to continue offline" + (f" (waited {self.resume_within_s:g} s for it to "
+                                                              "come back)" if self.resume_within_s else ""))
+                time.sleep(0.05)
+            return "more"
+        began = time.perf_counter()
+        try:
+            tokens, _ = self.draft.propose(history, 1, self.params, self.rng, cap=None)
+        except DraftModelError:
+            return "context"
+        self.stats.draft_s += time.perf_counter() - began
+        self.stats.record_round(0, 0, 1)
+        self.stats.offline += 1
+        history += tokens
+        new += tokens
+        if on_commit:
+            on_commit(tokens, ["offline"])
+        if tokens[0] in self.end_ids:
+            return "eos"
+        return "more" if len(new) < max_tokens else "max_tokens"
+
+    # ---- the connection -----------------------------------------------------------------
+
+    def _use(self, client: VerifyClient) -> None:
+        """A new connection is a new, empty session."""
+        self._client, self._service_history, self._seq = client, [], 0
+
+    def _forget_client(self) -> None:
+        self._client, self._service_history, self._seq = None, [], 0

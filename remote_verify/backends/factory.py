@@ -1,0 +1,75 @@
+"""The backend factory: load a target model with the backend a flag names (or the one that
+fits the host). Each backend is imported only when it is chosen: torch and onnxruntime are
+heavy, and a host has only the runtimes it serves with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from models.onnx_manifest import is_onnx_export
+from remote_verify.backends.target import TargetBackend
+
+
+def load_backend(kind: str, target: str | Path, device: str = "auto", threads: int | None = None,
+                 batch_threads: int | None = None, batch_invariant: bool | None = None, torch_static: bool = False, sessions: int = 32,
+                 max_context: int = 4096) -> TargetBackend:
+    """Load a target (GGUF file or Hugging Face folder) with the named backend.
+
+    "auto" picks torch when CUDA is available and llama.cpp otherwise (a GGUF target is
+    then verified by llama.cpp on the CPU, several times faster than de-quantized torch).
+    "onnx" (an export made by `specwire models export-onnx`) is only ever chosen by name.
+    `threads`: llama.cpp's CPU threads for one-token steps (None: the physical cores,
+    wire/threads.py), `batch_threads` for blocks (None: as many as `threads`); the torch
+    and ONNX backends keep their runtimes' own thread settings.
+    `batch_invariant` None keeps the backend's default: on for llama.cpp, whose invariant
+    kernels cost a fraction of a pass, off for torch and ONNX Runtime, where it means
+    decoding a block token by token.
+    `torch_static`: the torch backend's static-cache path (torch_static.py), with a KV slot
+    of `max_context` positions for each of `sessions` sessions, batched passes, and CUDA
+    graphs on a GPU. It has no batch-invariant mode.
+    """
+    target = Path(target)
+    if not target.exists():
+        raise FileNotFoundError(f"no target model at {target}")
+    if is_onnx_export(target) and kind != "onnx":
+        raise ValueError(f"{target} is an ONNX export: serve it with --backend onnx")
+    if kind == "auto":
+        kind = "torch" if _cuda_available() or target.is_dir() else "llamacpp"
+    if torch_static and kind != "torch":
+        raise ValueError(f"--torch-static is a mode of the torch backend, not of {kind}: add --backend torch")
+    if kind == "torch" and torch_static:
+        if batch_invariant:
+            raise ValueError("the static torch path has no batch-invariant mode: drop --torch-static "
+                             "or --batch-invariant")
+        from remote_verify.backends.torch_static import TorchStaticTarget
+
+        return TorchStaticTarget(target, device=device, slots=sessions, context=max_context)
+    if kind == "torch":
+        from remote_verify.backends.torch_backend import TorchTarget
+
+        return TorchTarget(target, device=device, batch_invariant=bool(batch_invariant))
+    if kind == "llamacpp":
+        from remote_verify.backends.llamacpp_backend import LlamaCppTarget
+
+        return LlamaCppTarget(target, gpu_layers=0 if device == "cpu" else -1, n_threads=threads,
+                              n_threads_batch=batch_threads, sessions=sessions,
+                              batch_invariant=batch_invariant is not False)
+    if kind == "onnx":
+        if not is_onnx_export(target):
+            raise ValueError(f"{target} is not an ONNX export: make one with "
+                             f"`specwire models export-onnx {target} OUT` and serve OUT")
+        from remote_verify.backends.onnx_backend import OnnxTarget
+
+        if batch_invariant:
+            raise ValueError("the onnx backend has no batch-invariant mode: serve the target "
+                             "with --backend llamacpp or torch for it")
+        return OnnxTarget(target, device=device)
+    raise ValueError(f"unknown backend {kind!r}: choose auto, torch, llamacpp or onnx")
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()

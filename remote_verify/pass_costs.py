@@ -1,0 +1,95 @@
+"""The device's cost curve c(n): what a forward pass of n tokens costs, as measured here.
+
+Measured a few times at start (`calibrate`: passes of 1 to 16 tokens on a scratch cache,
+after the model is loaded) and kept current from every real pass afterwards (`observe`,
+by the pass's total tokens, with exponential forgetting: a busy neighbour on a shared
+machine, or a warmer GPU, shows within a few dozen passes). Between measured sizes the
+curve is interpolated, past the largest it grows along its last slope, so any n has a cost.
+
+Two readers: a stream's block choice (how many of a client's draft tokens a pass should
+verify: remote_verify/stream_drafts.py), and the clients, who get the curve in their Welcome
+(`PassCost` points) and decide from it whether their drafting can pay at all. On a GPU the
+curve is flat for tens of tokens (a pass reads the weights once); on a CPU it rises with
+every token, which is why the same controller drafts there so much less.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from typing import Sequence
+
+from wire.cost_curve import interpolate
+from wire.protocol import PassCost
+
+log = logging.getLogger(__name__)
+
+MEMORY = 0.9  # weight of the past per observation of a size: about ten passes
+CALIBRATION_SIZES = (1, 2, 4, 8, 16)  # blocks of up to 16 tokens cover a stream's drafts
+CALIBRATION_CONTEXT = 32  # tokens cached before the timed passes, as in a short prompt
+REPORTED_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the points a Welcome carries
+
+class PassCosts:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # observed on the device thread, read on the event loop too
+        self._seconds: dict[int, tuple[float, float]] = {}  # tokens -> (decayed total, decayed weight)
+
+    @property
+    def known(self) -> bool:
+        return bool(self._seconds)
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """A pass of `tokens` tokens (every session's in it) took `seconds`."""
+        if tokens < 1 or not seconds >= 0:
+            return
+        with self._lock:
+            total, weight = self._seconds.get(tokens, (0.0, 0.0))
+            self._seconds[tokens] = (total * MEMORY + seconds, weight * MEMORY + 1.0)
+
+    def seconds(self, tokens: int) -> float | None:
+        """c(tokens): the expected seconds of a pass of that many tokens (None before any measurement)."""
+        with self._lock:
+            points = sorted((n, total / weight) for n, (total, weight) in self._seconds.items())
+        return interpolate(points, tokens)
+
+    def curve(self, sizes: Sequence[int] = REPORTED_SIZES) -> list[PassCost]:
+        """The curve at a few sizes, for a Welcome (empty before any measurement)."""
+        if not self.known:
+            return []
+        return [PassCost(tokens=n, ms=round(self.seconds(n) * 1000, 4)) for n in sizes]
+
+    def calibrate(self, backend) -> None:
+        """Time passes of CALIBRATION_SIZES tokens after a short context, twice each (the first run
+        of a shape pays for allocations). On the device thread, before sessions are taken."""
+        cache = backend.new_cache()
+        try:
+            backend.forward(cache, [backend.bos_id] * CALIBRATION_CONTEXT, 1)
+            for _ in range(2):
+                for size in CALIBRATION_SIZES:
+                    started = time.perf_counter()
+                    backend.forward(cache, [backend.bos_id] * size, 1)
+                    self.observe(size, time.perf_counter() - started)
+                    backend.truncate(cache, CALIBRATION_CONTEXT)
+        finally:
+            release = getattr(backend, "release", None)
+            if release is not None:
+                release(cache)
+        log.info("pass costs: %s", ", ".join(f"{p.tokens} tokens {p.ms:.1f} ms" for p in self.curve(CALIBRATION_SIZES)))
+
+
+# One curve per loaded backend in this process, measured once: services that share a backend
+# object (several in one test process) share its measurements, and never calibrate it at once.
+_CURVES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_CALIBRATING = threading.Lock()
+
+
+def costs_for(backend) -> PassCosts:
+    """The cost curve of `backend`, calibrated on first use (on the caller's thread: the device's)."""
+    with _CALIBRATING:
+        costs = _CURVES.get(backend)
+        if costs is None:
+            costs = _CURVES[backend] = PassCosts()
+            costs.calibrate(backend)
+        return costs

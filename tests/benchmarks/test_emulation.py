@@ -1,0 +1,155 @@
+"""The emulated device: sourced profiles, the replay of recorded decisions, sleeping passes, users."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks.emulation.profiles import (
+    PROFILES_DIR, DrafterProfile, ProfileError, TargetProfile, load_profile, profile_names,
+)
+from benchmarks.emulation.recording import DEFAULT_RECORDING, Recording
+from app.bench.prompts import PROMPTS
+from tests.conftest import RunningService, hello_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_every_profile_loads_and_names_a_source_for_each_figure():
+    """Each shipped profile is a target or a drafter profile, and its [sources] cover its figures."""
+    names = profile_names()
+    assert {"a100-qwen2.5-1.5b", "a100-qwen2.5-7b", "laptop-gpu-0.5b"} <= set(names)
+    for name in names:
+        profile = load_profile(name)
+        figures = {"pass_ms", "session_ms", "context_ms_per_ktoken"} if isinstance(profile, TargetProfile) else \
+            {"token_ms", "prefill_ms_per_token"}
+        assert figures <= set(profile.sources), (name, figures - set(profile.sources))
+
+
+def test_a_target_profile_prices_a_pass_by_its_shape():
+    """c(tokens, sessions, context): interpolated between points, more sessions and context cost more."""
+    profile = load_profile("a100-qwen2.5-1.5b")
+    assert profile.pass_ms(1) == pytest.approx(5.5)
+    assert profile.pass_ms(1) < profile.pass_ms(64) < profile.pass_ms(64, sessions=32) < \
+        profile.pass_ms(64, sessions=32, context_tokens=32_000)
+    assert profile.pass_ms(16) / profile.pass_ms(1) < 1.1  # a GPU pass of 16 costs about one
+
+
+def test_an_unknown_or_malformed_profile_is_a_clear_error(tmp_path):
+    """A wrong name lists the profiles; a file without its figures says what is missing."""
+    with pytest.raises(ProfileError, match="a100-qwen2.5-1.5b"):
+        load_profile("no-such-gpu")
+    broken = tmp_path / "broken.toml"
+    broken.write_text('kind = "target"\nname = "broken"\n')
+    with pytest.raises(ProfileError, match="pass_ms"):
+        load_profile(broken)
+
+
+def test_the_shipped_recording_covers_the_default_prompt_set():
+    """Every prompt of the default set has a recorded path and a guess for each of its positions."""
+    recording = Recording.load(DEFAULT_RECORDING)
+    texts = {entry.text for entry in recording.entries}
+    assert texts == {text for texts in PROMPTS.values() for text in texts}
+    for entry in recording.entries:
+        assert len(entry.guesses) == len(entry.path) >= 96 and entry.stop in ("eos", "max_tokens")
+    right = sum(g == t for e in recording.entries for g, t in zip(e.guesses, e.path))
+    assert 0.6 < right / sum(len(e.path) for e in recording.entries) < 0.99  # a real pair: often, not always right
+
+
+@pytest.fixture(scope="module")
+def tiny_recording(tiny, tmp_path_factory) -> Path:
+    """The tiny pair's decisions on the default prompt set, recorded as the default pair's are."""
+    from benchmarks.emulation.record import record
+
+    path = tmp_path_factory.mktemp("recording") / "tiny.json"
+    record(tiny.draft, tiny.target_gguf, 48).save(path)
+    return path
+
+
+def test_the_replay_streams_the_recorded_path_and_the_real_target_agrees(tiny, tiny_recording, close_draft,
+                                                                       llamacpp_target):
+    """Through the real service, the replayed target streams each prompt's recorded path, which is
+    what the real tiny target streams."""
+    from benchmarks.emulation.profiles import load_target_profile
+    from benchmarks.emulation.target import EmulatedTarget, ReplayTarget
+    from local_draft.server_only import ServerOnlyGenerator
+    from local_draft.verify_client import VerifyClient
+
+    recording = Recording.load(tiny_recording)
+    replay = RunningService(EmulatedTarget(ReplayTarget(recording, tiny.draft), load_target_profile("a100-qwen2.5-1.5b")))
+    real = RunningService(llamacpp_target)
+    try:
+        for url in (replay.url, real.url):
+            client = VerifyClient(url, hello_for(close_draft))
+            streamed = ServerOnlyGenerator(client, close_draft.end_ids)
+            for entry in recording.entries[:4]:
+                assert streamed.generate(entry.prompt, 48).token_ids == entry.path
+            client.close()
+    finally:
+        replay.close()
+        real.close()
+
+
+def test_an_emulated_pass_sleeps_for_its_profile_time(tiny, tiny_recording):
+    """A pass priced at 80 ms takes at least that long and costs the process almost no CPU."""
+    from benchmarks.emulation.target import EmulatedTarget, ReplayTarget
+
+    slow = TargetProfile(name="slow", pass_points=((1, 80.0), (8, 80.0)))
+    target = EmulatedTarget(ReplayTarget(Recording.load(tiny_recording), tiny.draft), slow)
+    entry = Recording.load(tiny_recording).entries[0]
+    cache = target.new_cache()
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(5):
+        target.forward(cache, entry.prompt if cache.length == 0 else [entry.path[0]], 1)
+        target.truncate(cache, len(entry.prompt))
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    assert wall >= 5 * 0.080 and cpu < 0.25 * wall, (wall, cpu)
+
+
+def test_an_emulated_drafter_charges_the_profile_and_guesses_the_recorded_tokens(tiny, tiny_recording):
+    """Reading a prompt costs its prefill time, each guess a decode step; the guesses are the recorded ones."""
+    from benchmarks.emulation.drafter import EmulatedDraft
+    from local_draft.draft_model import DraftModel
+    from wire.protocol import SamplingParams
+
+    recording = Recording.load(tiny_recording)
+    profile = DrafterProfile(name="slow-drafter", token_ms=20.0, prefill_ms_per_token=10.0)
+    draft = EmulatedDraft(DraftModel(tiny.draft, vocab_only=True), profile, recording)
+    entry = recording.entries[1]
+    began = time.perf_counter()
+    draft.keep_up(entry.prompt)
+    read = time.perf_counter() - began
+    assert read >= len(entry.prompt) * 0.010 * 0.95
+    began = time.perf_counter()
+    guesses = [draft.guess(entry.prompt + entry.path[:i], SamplingParams(), None) for i in range(5)]
+    assert time.perf_counter() - began >= 5 * 0.020 * 0.95
+    assert guesses == entry.guesses[:5]
+
+
+def test_the_capacity_benchmark_writes_labelled_records(tiny, tiny_recording, tmp_path):
+    """`benchmarks.load --emulate` at 1 and 2 users: one JSON record per (users, mode), each saying
+    it is emulated and by which profile, every reply the recorded path."""
+    out = tmp_path / "capacity.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.load", "--emulate", "a100-qwen2.5-1.5b", "--drafter", "laptop-gpu-0.5b",
+         "--users", "1,2", "--rtt-ms", "14", "--modes", "default,server", "--kinds", "code,prose",
+         "--max-tokens", "24", "--seconds", "1", "--recording", str(tiny_recording), "--vocab", str(tiny.draft),
+         "--json", str(out)], capture_output=True, text=True, cwd=REPO, timeout=600,
+        env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "EMULATED" in done.stdout
+    records = json.loads(out.read_text())
+    assert [(r["users"], r["mode"]) for r in records] == [(1, "default"), (1, "server"), (2, "default"), (2, "server")]
+    for record in records:
+        assert {"users", "mode", "aggregate_tok_s", "user_p50_tok_s", "users_at_20_tok_s", "emulated"} <= set(record)
+        assert record["emulated"].startswith("a100-qwen2.5-1.5b") and record["differing"] == 0, record
+        assert record["aggregate_tok_s"] > 0
+    listed = subprocess.run([sys.executable, "-m", "benchmarks.load", "--emulate", "list"], capture_output=True,
+                            text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert listed.stdout.split() == profile_names()

@@ -1,0 +1,122 @@
+"""A stream's guesses: chains checked against the committed history, and how many a pass verifies."""
+
+from __future__ import annotations
+
+from remote_verify.pass_costs import PassCosts
+from remote_verify.stream_drafts import PassSoFar, StreamDrafts, best_block
+from wire.cost_curve import interpolate
+from wire.protocol import Draft
+
+COMMITTED = [1, 2, 3, 4, 5, 6]  # the stream's history: prompt and tokens made so far
+
+
+def test_a_chain_guessed_before_the_stream_passed_it_gives_what_lies_beyond():
+    """Guesses for committed positions are checked; the ones past the history are the block."""
+    drafts = StreamDrafts(seq=1)
+    drafts.receive(Draft(seq=1, chain=1, start=4, tokens=[5, 6, 7, 8]))
+    assert drafts.block(COMMITTED) == ([7, 8], "")
+
+
+def test_a_chain_that_differs_where_the_stream_passed_is_dead_and_stays_dead():
+    """A wrong guess for a committed position kills the chain; extending it gives nothing more."""
+    drafts = StreamDrafts(seq=1)
+    drafts.receive(Draft(seq=1, chain=1, start=4, tokens=[5, 9, 7]))
+    assert drafts.block(COMMITTED) == ([], "")
+    drafts.receive(Draft(seq=1, chain=1, start=7, tokens=[8]))
+    assert drafts.block(COMMITTED) == ([], "")
+    drafts.receive(Draft(seq=1, chain=2, start=6, tokens=[7, 8]))  # a new chain after the new text
+    assert drafts.block(COMMITTED) == ([7, 8], "")
+
+
+def test_a_chain_continued_before_its_dead_guess_lives_again():
+    """Replacing the guesses from before the wrong one brings the chain back."""
+    drafts = StreamDrafts(seq=1)
+    drafts.receive(Draft(seq=1, chain=1, start=4, tokens=[5, 9, 7]))
+    assert drafts.block(COMMITTED) == ([], "")
+    drafts.receive(Draft(seq=1, chain=1, start=5, tokens=[6, 7, 8], source="ngram"))
+    assert drafts.block(COMMITTED) == ([7, 8], "ngram")
+
+
+def test_a_continuation_with_a_gap_or_of_another_stream_is_not_taken():
+    """A Draft continuing its chain past the chain's end is refused with a reason; one of an
+    ended stream is ignored."""
+    drafts = StreamDrafts(seq=2)
+    assert drafts.receive(Draft(seq=1, chain=1, start=6, tokens=[7])) == ""
+    assert drafts.chain is None
+    drafts.receive(Draft(seq=2, chain=1, start=6, tokens=[7]))
+    assert "outside" in drafts.receive(Draft(seq=2, chain=1, start=9, tokens=[10]))
+    assert drafts.block(COMMITTED) == ([7], "")
+
+
+def test_a_refused_guess_kills_the_rest_of_its_chain_and_counts_in_the_acceptance():
+    """After a pass kept 1 of 3 guesses, the chain gives nothing; the acceptance fell."""
+    drafts = StreamDrafts(seq=1)
+    drafts.receive(Draft(seq=1, chain=1, start=6, tokens=[7, 8, 9, 10]))
+    before = drafts.acceptance
+    block, _ = drafts.block(COMMITTED)
+    drafts.after_pass(6, block[:3], accepted=1)
+    assert drafts.block(COMMITTED + [7, 42]) == ([], "")
+    assert drafts.acceptance < before
+
+
+def test_a_flat_cost_curve_verifies_every_guess_and_a_steep_one_few():
+    """On a GPU-like curve (a pass of 33 tokens costs 1.1 of one) every guess likely to be reached is
+    worth it; on a CPU-like curve (each token costs a step) only guesses almost sure to be right."""
+    flat = lambda n: interpolate([(1, 0.010), (33, 0.011)], n)  # noqa: E731
+    steep = lambda n: 0.060 * n  # noqa: E731
+    assert best_block(16, 0.9, flat, 1, PassSoFar()) == 16
+    assert 8 < best_block(16, 0.7, flat, 1, PassSoFar()) < 16  # the 16th is right 0.3% of the time
+    assert best_block(16, 0.7, steep, 1, PassSoFar()) == 0
+    assert best_block(16, 0.995, steep, 1, PassSoFar()) == 0  # a token a step: nothing to win, even when right
+    cpu = lambda n: 0.060 + 0.035 * (n - 1)  # noqa: E731  (blocks cheaper per token than steps)
+    assert 0 < best_block(16, 0.95, cpu, 1, PassSoFar()) < best_block(16, 0.995, cpu, 1, PassSoFar())
+
+
+def test_in_a_shared_pass_blocks_shrink_where_the_device_is_compute_bound():
+    """A pass already holding 31 sessions' tokens: a compute-bound curve (each token costs) takes
+    fewer guesses of the 32nd session than the same session alone would."""
+    compute = lambda n: interpolate([(1, 0.010), (64, 0.012), (512, 0.060)], n)  # noqa: E731
+    alone = best_block(16, 0.8, compute, 1, PassSoFar())
+    crowded = best_block(16, 0.8, compute, 1, PassSoFar(tokens=31 * 5, expected=31 * 3.0, sessions=31))
+    assert crowded < alone
+
+
+def test_unmeasured_costs_take_every_guess():
+    """Before the curve is measured (no service calibration), the block is every guess."""
+    assert best_block(5, 0.5, PassCosts().seconds, 1, PassSoFar()) == 5
+
+
+def test_pass_costs_interpolate_between_sizes_and_follow_their_last_slope():
+    """Measured sizes are kept as decayed means; between them the curve is linear, past them it
+    continues along the last slope, and never below the first point."""
+    costs = PassCosts()
+    for n, seconds in ((1, 0.010), (4, 0.016), (8, 0.024)):
+        costs.observe(n, seconds)
+    assert abs(costs.seconds(2) - 0.012) < 1e-9 and abs(costs.seconds(16) - 0.040) < 1e-9
+    assert costs.seconds(1) == costs.seconds(0) == 0.010
+    assert [p.tokens for p in costs.curve()][:3] == [1, 2, 4]
+
+
+def test_guesses_fill_what_the_pass_budget_leaves(llamacpp_target):
+    """A stream's next pass must feed its last token; its guesses take only what the pass's token
+    budget leaves (the queue fits streams by their last token, never leaving one out for guesses)."""
+    from remote_verify.session import Session, SessionLimits
+    from wire.protocol import Generate, SamplingParams
+
+    session = Session(llamacpp_target, SamplingParams(), seed=1, limits=SessionLimits())
+    session.start_generation(Generate(seq=1, committed_len=0, append=[1, 2, 3]))
+    session.generate_step()
+    drafts = StreamDrafts(seq=1)
+    drafts.receive(Draft(seq=1, chain=1, start=len(session.committed), tokens=[5, 6, 7, 8, 9, 10, 11, 12]))
+    work = session.stream_work(drafts, room=100)
+    assert work.tokens() == 1  # the mandatory token alone
+    planned = work.plan(PassSoFar(tokens=252, budget=256))
+    assert len(planned.share.tokens) == 4  # 1 + 3 guesses
+    planned.undo()
+    planned = work.plan(PassSoFar(tokens=0, budget=256, share=2.0))  # many members: each its even share
+    assert len(planned.share.tokens) == 1 + 2
+    planned.undo()
+    planned = work.plan(PassSoFar(tokens=0, budget=256, share=2.5))  # a fraction of a place rounds up
+    assert len(planned.share.tokens) == 1 + 3
+    planned.undo()
+    session.close()
