@@ -1,13 +1,14 @@
 """Does seeded sampling shift mass off the likeliest token? Issue 32's experiment, by path.
 
     .venv/bin/python -m benchmarks.seeded_shift [--path cli|library|replay] [--seeds 1-12000]
-        [--random-seeds N | --unseeded N] [--k 3] [--pipeline] [--jobs 2] [--same-as PATH]
-        [--models DIR] [--save FILE]
+        [--random-seeds N | --unseeded N] [--mode rounds|hybrid] [--k 3] [--pipeline] [--jobs 2]
+        [--same-as PATH] [--models DIR] [--save FILE] [--blocks SIZE]
 
 The experiment: the project's tiny models (`specwire models tiny`, or --models DIR), the target
 served by `specwire serve --backend torch`, the close drafter, prompt "The", temperature 1,
-top-k 8, top-p 0.9, `--k 3 --no-pipeline --max-tokens 4`, one generation per seed, and the
-first generated token counted. The reference is the target's own warped distribution for the
+top-k 8, top-p 0.9, `--mode rounds --k 3 --no-pipeline --max-tokens 4`, one generation per
+seed, and the first generated token counted. With --mode hybrid, the command's default mode
+(the service streams and verifies guesses as they arrive), as a user runs it: no mode flag. The reference is the target's own warped distribution for the
 prompt's tokens (the drafter's tokenization, BOS as its vocabulary asks): `TorchTarget.forward`
 then `wire.sampling.warp` with the same parameters.
 
@@ -15,11 +16,12 @@ Paths (--path):
 - cli: one `specwire generate ... --seed S --json` process per seed, --jobs at a time, as a
   user runs it.
 - library: in this process, per seed a ServiceLink with the command's Hello and a Speculator
-  seeded alike: the code the command runs, without starting a process.
+  (hybrid: a StreamSpeculator) seeded alike: the code the command runs, without a process.
 - replay: no service and no generation. With a seed, the first token is a function of the
   seed, the drafter's q and the target's p for the prompt: the drafter's first draw from q
   (`draft_generator`), then the service's decision about it (`accept_sampled` with the
-  session's draws, `DecisionRandomness`), or with --k 0 the service's own draw from p. The
+  session's draws, `DecisionRandomness`), or with --k 0 the service's own draw from p; in
+  hybrid mode the target's race over the seed's clocks (`race_choice`, `race`). The
   replay runs that same code at a thousandth of the cost, for seed sets no CLI run can
   afford; `--same-as cli` (or library) runs the other path on the same seeds and counts the
   seeds whose first token differs.
@@ -69,8 +71,11 @@ def main() -> None:
     which.add_argument("--seeds", default="1-12000", help="a range of seeds, A-B inclusive (default: %(default)s)")
     which.add_argument("--random-seeds", type=int, metavar="N", help="N random 63-bit seeds")
     which.add_argument("--unseeded", type=int, metavar="N", help="N generations without --seed")
-    parser.add_argument("--k", type=int, default=3, help="draft tokens per round (default: %(default)s)")
-    parser.add_argument("--pipeline", action="store_true", help="draft ahead (default: --no-pipeline)")
+    parser.add_argument("--mode", default="rounds", choices=["rounds", "hybrid"],
+                        help="rounds: issue 32's round-based command (default); hybrid: the command's default "
+                             "mode, which streams (--k and --pipeline do not apply)")
+    parser.add_argument("--k", type=int, default=3, help="rounds: draft tokens per round (default: %(default)s)")
+    parser.add_argument("--pipeline", action="store_true", help="rounds: draft ahead (default: --no-pipeline)")
     parser.add_argument("--jobs", type=int, default=2, help="cli: generate processes at once (default: %(default)s)")
     parser.add_argument("--same-as", choices=["cli", "library", "replay"],
                         help="run this path on the same seeds too and count the seeds whose first token differs")
@@ -87,8 +92,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         models = args.models or make_tiny_models(Path(scratch) / "tiny")
         seeds = seed_list(args)
-        experiment = Experiment(models, args.k, args.pipeline, Path(scratch))
-        print(f"# {len(seeds)} {describe(args)}, --k {args.k} {'--pipeline' if args.pipeline else '--no-pipeline'}, "
+        experiment = Experiment(models, args.mode, args.k, args.pipeline, Path(scratch))
+        rounds = f"--k {args.k} {'--pipeline' if args.pipeline else '--no-pipeline'}, "
+        print(f"# {len(seeds)} {describe(args)}, --mode {args.mode}, {rounds if args.mode == 'rounds' else ''}"
               f"max tokens {MAX_TOKENS}, prompt {PROMPT!r}, {PARAMS}")
         print(f"# the target's p for the prompt's tokens {experiment.prompt}: "
               + ", ".join(f"{int(t)}: {experiment.p[t]:.4f}" for t in np.flatnonzero(experiment.p)))
@@ -135,12 +141,12 @@ def make_tiny_models(out: Path) -> Path:
 class Experiment:
     """The served target, the drafter, the reference p and the drafter's q for the prompt."""
 
-    def __init__(self, models: Path, k: int, pipeline: bool, scratch: Path):
+    def __init__(self, models: Path, mode: str, k: int, pipeline: bool, scratch: Path):
         from local_draft.draft_model import DraftModel
         from remote_verify.backends.torch_backend import TorchTarget
         from wire.sampling import warp
 
-        self.models, self.k, self.pipeline = models, k, pipeline
+        self.models, self.mode, self.k, self.pipeline = models, mode, k, pipeline
         self.draft = DraftModel(models / "draft.gguf")  # as `generate` loads it
         self.prompt = self.draft.tokenize(PROMPT)
         target = TorchTarget(models / "target", device="cpu")
@@ -171,8 +177,9 @@ class Experiment:
     def cli(self, seed: int | None) -> list[int]:
         command = [SPECWIRE, "generate", "--server", self.serve(), "--draft", str(self.models / "draft.gguf"),
                    "--prompt", PROMPT, "--temperature", str(PARAMS.temperature), "--top-k", str(PARAMS.top_k),
-                   "--top-p", str(PARAMS.top_p), "--k", str(self.k), "--max-tokens", str(MAX_TOKENS), "--json"]
-        command += [] if self.pipeline else ["--no-pipeline"]
+                   "--top-p", str(PARAMS.top_p), "--max-tokens", str(MAX_TOKENS), "--json"]
+        if self.mode == "rounds":  # hybrid is the command's default: no mode flag, as a user runs it
+            command += ["--mode", "rounds", "--k", str(self.k)] + ([] if self.pipeline else ["--no-pipeline"])
         command += [] if seed is None else ["--seed", str(seed)]
         done = subprocess.run(command, capture_output=True, text=True, env=self.env)
         if done.returncode != 0:
@@ -183,10 +190,18 @@ class Experiment:
         from local_draft.service_link import ServiceLink
         from local_draft.speculator import Speculator
 
+        from local_draft.stream_speculator import StreamSpeculator
+        from wire.randomness import fresh_seed
+
+        if self.mode == "hybrid":  # the command makes a seed when none is given: the drafter's guesses need it
+            seed = fresh_seed() if seed is None else seed
         link = ServiceLink(self.serve(), self.draft.hello(PARAMS, seed=seed, client="specwire generate"))
         try:
-            speculator = Speculator(self.draft, link, PARAMS, k=self.k, seed=seed, pipeline=self.pipeline,
-                                    end_ids=self.draft.end_ids)
+            if self.mode == "hybrid":
+                speculator = StreamSpeculator(self.draft, link, PARAMS, seed=seed, end_ids=self.draft.end_ids)
+            else:
+                speculator = Speculator(self.draft, link, PARAMS, k=self.k, seed=seed, pipeline=self.pipeline,
+                                        end_ids=self.draft.end_ids)
             return speculator.generate(self.prompt, MAX_TOKENS).token_ids
         finally:
             link.close()
@@ -195,10 +210,12 @@ class Experiment:
         """The first token alone, from the seed, p and q (see the module's docstring)."""
         from remote_verify.acceptance import accept_sampled
         from wire.randomness import DecisionRandomness, draft_generator
-        from wire.sampling import sample
+        from wire.sampling import race_choice, sample
 
         randomness = DecisionRandomness(seed)  # the service's draws for this seed
         start = len(self.prompt)  # the absolute position of the first generated token
+        if self.mode == "hybrid":  # the target's race over its clocks there; guesses decide no token
+            return [race_choice(self.p, randomness.race(start, self.p.shape[0]))]
 
         def draw(i, what):
             return randomness.at(start + i, what)
@@ -224,7 +241,7 @@ def run_path(experiment: Experiment, path: str, seeds: Sequence[int | None], job
             if path != "replay" and i % 500 == 0:
                 print(f"  {path}: {i} of {len(seeds)}", file=sys.stderr, flush=True)
     if save is not None:
-        save.write_text(json.dumps({"path": path, "k": experiment.k, "pipeline": experiment.pipeline,
+        save.write_text(json.dumps({"path": path, "mode": experiment.mode, "k": experiment.k, "pipeline": experiment.pipeline,
                                     "seeds": list(seeds), "tokens": done}))
     return [tokens[0] for tokens in done]
 

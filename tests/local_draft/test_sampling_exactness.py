@@ -16,8 +16,8 @@ first tokens with the same numbers (their verdicts would fail or pass together).
 Each case costs 30,000 generations (minutes on two cores), so the cases are spread over
 the backends. The close drafter, which takes every path of the acceptance rule (acceptance
 at two positions, corrections, bonus tokens), runs on torch, the reference backend, as
-`specwire generate --seed S` runs it (the seeded case below), and on llama.cpp drafting
-ahead; the far drafter (rejections and residual resampling, three requests per generation)
+`specwire generate --mode rounds --seed S` runs it (the seeded case below), and on llama.cpp
+drafting ahead; the far drafter (rejections and residual resampling, three requests per generation)
 runs on ONNX Runtime, the fastest of the three on tiny models here. The acceptance rule is
 the same code on every backend; what a backend adds (its logits, its cache rollback) is
 checked token by token by the parity tests and against recomputation by the session tests.
@@ -214,8 +214,9 @@ def test_adaptive_k_drafting_ahead_and_reconnecting_follow_the_target(service_on
     assert tally.ahead_used > 0.3 * ADAPTIVE_SAMPLES, tally.ahead_used
 
 
-# The seeded path users take, issue 32's experiment: `specwire generate --prompt The --temperature 1
-# --top-k 8 --top-p 0.9 --k 3 --no-pipeline --max-tokens 4 --seed S`, the close drafter on torch. The
+# The seeded round-based path, issue 32's experiment: `specwire generate --mode rounds --prompt The
+# --temperature 1 --top-k 8 --top-p 0.9 --k 3 --no-pipeline --max-tokens 4 --seed S`, the close drafter
+# on torch (the default mode, which streams, has its seeded case in test_stream_sampling.py). The
 # command opens a session whose Hello carries S and seeds its Speculator with S (app/generate_command.py);
 # here one session is re-keyed for each seed by a Sync (`Speculator.reseed`), which keys both ends the
 # same way, so that SAMPLES seeds fit in a test run (a process per seed costs ~100 times more). That
@@ -241,8 +242,8 @@ def _seeded_speculator(service, draft) -> tuple[VerifyClient, Speculator]:
 
 
 def test_seeded_generations_follow_the_target(service_on, close_draft):
-    """SAMPLES generations as `generate --seed S --k 3 --no-pipeline --max-tokens 4` makes them, one
-    seed each: the first token, and the first two jointly, fit the target's exact distributions."""
+    """SAMPLES generations as `generate --mode rounds --seed S --k 3 --no-pipeline --max-tokens 4` makes
+    them, one seed each: the first token, and the first two jointly, fit the target's exact distributions."""
     service = service_on("torch")
     first = Tally(service, close_draft, SEEDED, 1)
     pair = Tally(service, close_draft, SEEDED, 2)
@@ -261,15 +262,16 @@ def test_seeded_generations_follow_the_target(service_on, close_draft):
 
 
 def test_the_seeded_command_makes_what_a_reseeded_session_makes(service_on, close_draft, tiny):
-    """`specwire generate --seed S`, a process per seed, makes token for token what the seeded case's
-    session re-keyed with S makes, for its first SEEDED_CLI_SEEDS seeds: its statistics are the command's."""
+    """`specwire generate --mode rounds --seed S`, a process per seed, makes token for token what the
+    seeded case's session re-keyed with S makes, for its first SEEDED_CLI_SEEDS seeds: its statistics
+    are the command's."""
     service = service_on("torch")
     client, speculator = _seeded_speculator(service, close_draft)
     prompt = close_draft.tokenize(PROMPT_TEXT)
     for seed in SEEDED_SEEDS[:SEEDED_CLI_SEEDS]:
         done = subprocess.run(
-            [SPECWIRE, "generate", "--server", service.url, "--draft", str(tiny.draft), "--prompt", PROMPT_TEXT,
-             "--temperature", str(SEEDED.temperature), "--top-k", str(SEEDED.top_k), "--top-p", str(SEEDED.top_p),
+            [SPECWIRE, "generate", "--mode", "rounds", "--server", service.url, "--draft", str(tiny.draft),
+             "--prompt", PROMPT_TEXT, "--temperature", str(SEEDED.temperature), "--top-k", str(SEEDED.top_k), "--top-p", str(SEEDED.top_p),
              "--k", str(SEEDED_K), "--no-pipeline", "--max-tokens", str(SEEDED_MAX_TOKENS), "--seed", str(seed),
              "--json"], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
