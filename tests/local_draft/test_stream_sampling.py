@@ -119,7 +119,7 @@ def test_a_planted_verification_bug_turns_the_test_red(paced_service, close_draf
 # stream_makes. In this mode every token is the target's race pick, so the first token is a
 # function of the seed alone and a bias there is in the service's pick or its clocks; the first
 # two jointly add the second pass (a guess kept, or the target's own pick after a wrong one).
-COMMAND_SAMPLES = 5_000  # 6,000 took 103 s here on two shared cores (80 s of CPU): this, about 85 s
+COMMAND_SAMPLES = 5_000  # 65 s here (two shared cores, nice 19); with its CLI check and planted bug, 75 s
 COMMAND_SEEDS = range(9_000_000, 9_000_000 + COMMAND_SAMPLES)
 # power (detectable_shift at COMMAND_SAMPLES, asserted below): the first token, 2.4 points of mass
 # off the likeliest token (p = 0.567) onto the next, 90% of the time; the first two jointly, 2.0
