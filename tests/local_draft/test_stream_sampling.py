@@ -14,18 +14,27 @@ the row of the next position.
 Power (tests/statistics.py `detectable_shift` on this case's exact distribution): with
 STREAM_SAMPLES draws the test catches a shift of STREAM_POWER of probability mass between the
 two likeliest outcomes 90% of the time.
+
+The seeded command itself (`specwire generate --seed S`, no mode flag: the default mode on a
+service on this machine) has its own case below, at COMMAND_SAMPLES seeds, with a planted bug
+in the service's race that it must catch.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+
+import numpy as np
 import pytest
 
 from local_draft.stream_speculator import StreamSpeculator
 from local_draft.verify_client import VerifyClient
+from remote_verify import session as session_module
 from remote_verify.session import Session
 from wire.protocol import SamplingParams
 from tests.conftest import hello_for
-from tests.local_draft.test_sampling_exactness import Tally
+from tests.local_draft.test_sampling_exactness import PROMPT_TEXT, SPECWIRE, Tally
 from tests.statistics import ALPHA, detectable_shift
 
 PARAMS = SamplingParams(temperature=1.0, top_k=8, top_p=0.9)
@@ -99,3 +108,88 @@ def test_a_planted_verification_bug_turns_the_test_red(paced_service, close_draf
     tally, _ = _tally(paced_service, close_draft, PLANTED_SAMPLES, 8_000_000)
     _GUESSES_OF_THE_PASS.clear()
     assert tally.pvalue() < ALPHA
+
+
+# The default mode as `specwire generate --seed S` runs it, with no mode flag (issue 32's command
+# without `--mode rounds`, on the torch backend): app/generate_command.py opens a ServiceLink whose
+# Hello carries S and a StreamSpeculator seeded with S, the service on this machine (colocated, by
+# its address). Here one session is re-keyed per seed (`reseed`: the next Generate goes after a Sync
+# carrying the seed), so that COMMAND_SAMPLES seeds fit in a test run; that the command makes the
+# same tokens is checked, seed for seed, by test_the_seeded_default_command_makes_what_a_reseeded_
+# stream_makes. In this mode every token is the target's race pick, so the first token is a
+# function of the seed alone and a bias there is in the service's pick or its clocks; the first
+# two jointly add the second pass (a guess kept, or the target's own pick after a wrong one).
+COMMAND_SAMPLES = 5_000  # 65 s here (two shared cores, nice 19); with its CLI check and planted bug, 75 s
+COMMAND_SEEDS = range(9_000_000, 9_000_000 + COMMAND_SAMPLES)
+# power (detectable_shift at COMMAND_SAMPLES, asserted below): the first token, 2.4 points of mass
+# off the likeliest token (p = 0.567) onto the next, 90% of the time; the first two jointly, 2.0
+# points between the two likeliest pairs. (A 1-point power takes 30,000 seeds, over seven minutes:
+# the round-based case in test_sampling_exactness.py has it; this one guards the default mode's
+# own code, the service's race and the re-keyed stream, whose plausible bugs shift far more.)
+COMMAND_FIRST_TOKEN_POWER = 0.024
+COMMAND_PAIR_POWER = 0.020
+COMMAND_CLI_SEEDS = 4  # seeds run through `specwire generate` itself
+COMMAND_MAX_TOKENS = 4
+PLANTED_COMMAND_SAMPLES = 400  # power 8.4 points; the planted bug below moves 22
+
+
+def _command_tallies(service, draft, seeds: range) -> tuple[Tally, Tally]:
+    """The first token, and the first two, of a default-mode generation for each seed, on one
+    session re-keyed per seed, as the command's StreamSpeculator makes them."""
+    first, pair = Tally(service, draft, PARAMS, 1), Tally(service, draft, PARAMS, 2)
+    client = VerifyClient(service.url, hello_for(draft, PARAMS, seed=seeds[0]))
+    speculator = StreamSpeculator(draft, client, PARAMS, seed=seeds[0], end_ids=draft.end_ids)
+    for seed in seeds:
+        speculator.reseed(seed)
+        result = speculator.generate(first.prompt, TOKENS)
+        first.add(result)
+        pair.add(result)
+    client.close()
+    return first, pair
+
+
+def test_the_seeded_default_command_follows_the_target(service_on, close_draft):
+    """COMMAND_SAMPLES seeded generations as `generate --seed S` makes them in the default mode: the
+    first token, and the first two jointly, fit the target's exact distributions."""
+    first, pair = _command_tallies(service_on("torch"), close_draft, COMMAND_SEEDS)
+    assert detectable_shift(first.exact, COMMAND_SAMPLES) <= COMMAND_FIRST_TOKEN_POWER  # the power it claims
+    assert detectable_shift(pair.exact, COMMAND_SAMPLES) <= COMMAND_PAIR_POWER
+    assert first.pvalue() > ALPHA, first.pvalue()
+    assert pair.pvalue() > ALPHA, pair.pvalue()
+
+
+def test_the_seeded_default_command_makes_what_a_reseeded_stream_makes(service_on, close_draft, tiny):
+    """`specwire generate --seed S` with no mode flag, a process per seed, makes token for token what
+    a session re-keyed with S makes in the seeded default-mode case: its statistics are the command's."""
+    service = service_on("torch")
+    client = VerifyClient(service.url, hello_for(close_draft, PARAMS))
+    speculator = StreamSpeculator(close_draft, client, PARAMS, end_ids=close_draft.end_ids)
+    prompt = close_draft.tokenize(PROMPT_TEXT)
+    for seed in COMMAND_SEEDS[:COMMAND_CLI_SEEDS]:
+        done = subprocess.run(
+            [SPECWIRE, "generate", "--server", service.url, "--draft", str(tiny.draft), "--prompt", PROMPT_TEXT,
+             "--temperature", str(PARAMS.temperature), "--top-k", str(PARAMS.top_k), "--top-p", str(PARAMS.top_p),
+             "--max-tokens", str(COMMAND_MAX_TOKENS), "--seed", str(seed), "--json"],
+            capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        made = json.loads(done.stdout)
+        assert made["mode"] == "hybrid"  # the default, as a user runs it
+        speculator.reseed(seed)
+        assert made["token_ids"] == speculator.generate(prompt, COMMAND_MAX_TOKENS).token_ids, seed
+    client.close()
+
+
+def _race_in_log_space_without_the_clocks_log(probs, clocks):
+    """Planted: the race rewritten in log space, argmin(log E - log p), with the log of the clocks
+    forgotten: argmin(E - log p) is no draw from p (it favours the likeliest token)."""
+    support = np.flatnonzero(probs)
+    return int(support[np.argmin(clocks[support] - np.log(probs[support]))])
+
+
+def test_a_planted_race_bug_turns_the_seeded_default_case_red(service_on, close_draft, monkeypatch):
+    """With the service's race pick in log space without the clocks' log, the seeded default-mode
+    case fails on its first token."""
+    monkeypatch.setattr(session_module, "race_choice", _race_in_log_space_without_the_clocks_log)
+    first, _ = _command_tallies(service_on("torch"), close_draft,
+                                range(9_500_000, 9_500_000 + PLANTED_COMMAND_SAMPLES))
+    assert first.pvalue() < ALPHA, first.pvalue()
