@@ -49,6 +49,11 @@ MIN_FRAMES = 4  # frames measured before a rate is trusted against the other (an
 PROBE_TOKENS = 24  # a probe drafts for this many committed tokens before its rate is read
 FIRST_REST_TOKENS = 32  # rest after a losing probe; doubles with every losing probe after it
 MAX_REST_TOKENS = 2048
+# A drafter the costs rule out (possible_gain below MARGIN: a CPU target, or one on the drafter's own
+# cores) probes again only after this many tokens, in case the machine changed: about 170 replies
+# of 96 tokens. On two cores a probe slows the reply it falls in to half (the drafter reads the
+# context on the service's cores), so refreshing after every 2,048 tokens cost a few percent.
+HOPELESS_REST_TOKENS = 16384
 MARGIN = 1.02  # drafting must be this much faster to be kept (its measurements are noisier)
 CLEAR_GAIN = 2.0  # a remote service whose costs allow this much drafts without measuring
 LIKELY = 0.15  # guesses whose chance of being reached and right is below this are not made
@@ -181,8 +186,8 @@ class StreamController:
             self._switch(self.max_block > 0)  # the user's setting, not a measurement
             return
         hopeless = self.possible_gain(max(self.acceptance, 0.9)) < MARGIN
-        if hopeless and not self.drafting and self._since_switch < MAX_REST_TOKENS:
-            return  # cannot pay even at a good acceptance: rest (after the longest rest, one probe all
+        if hopeless and not self.drafting and self._since_switch < HOPELESS_REST_TOKENS:
+            return  # cannot pay even at a good acceptance: rest (after HOPELESS_REST_TOKENS, one probe all
             # the same, in case what was measured has changed)
         if not hopeless and not self.colocated and self.possible_gain() >= CLEAR_GAIN:
             self._switch(True)  # cannot lose: nothing to measure
@@ -238,5 +243,5 @@ class StreamController:
         if self._acceptance.value is None:
             self._acceptance = Decayed(PRIOR_ACCEPTANCE * PRIOR_WEIGHT, PRIOR_WEIGHT)
         self.rest_tokens = max(0, min(rest_tokens, MAX_REST_TOKENS))
-        self._since_switch = max(0, min(since_switch, MAX_REST_TOKENS))
+        self._since_switch = max(0, min(since_switch, HOPELESS_REST_TOKENS))
         self.drafting = drafting
