@@ -187,6 +187,7 @@ class StreamSpeculator:
         started = time.perf_counter()
         chain = self._new_chain(len(history))
         last_frame_at, frames, cancelled, pause_until, last_send = 0.0, 0, False, 0.0, 0.0
+        rebuilt = False
         try:
             while True:
                 drafting = (can_draft and (frames > 0 or early) and not cancelled and self.controller.drafting
@@ -200,8 +201,11 @@ class StreamSpeculator:
                 try:
                     frame = client.next_generated(wait=not wants_guess)
                 except VerifyError as exc:
-                    if frames == 0 and exc.code in ("stale_state", "bad_seq") and not exc.fatal:
-                        self._service_history = []  # the service lost track of us: rebuild its copy
+                    if frames == 0 and exc.code in ("stale_state", "bad_seq") and not exc.fatal and not rebuilt:
+                        # the service lost track of us: a Sync gives it our history (and starts its
+                        # sequence numbers afresh), once; refused again, the error is the caller's
+                        rebuilt = True
+                        self._sync(client, history)
                         seq = self._start(client, history, max_tokens - len(new))
                         chain = self._new_chain(len(history))
                         continue

@@ -155,3 +155,36 @@ def test_streams_of_several_sessions_share_passes_and_each_is_exact(service_on, 
     passes = service.service.queue.passes - before[0]
     members = service.service.queue.shared_items - before[1]
     assert members > passes  # some passes served more than one session
+
+
+def test_a_service_that_lost_track_of_the_stream_gets_one_sync_then_the_error(close_draft):
+    """A service that answers a stream's Generate with stale_state (it lost the session's history) is
+    given the history by one Sync and asked again, once; refused again, the reply ends with that
+    error. (A fake service, tests/fake_service.py: a real one answers the Generate after the Sync.)
+    Before, the client asked again without a Sync, forever: a chat's reply hung."""
+    from local_draft.verify_client import VerifyError
+    from tests.fake_service import FakeService, honest_answer
+    from wire.protocol import Error, Generate
+
+    asked = []
+
+    def answer(message, state):
+        if isinstance(message, Generate):
+            asked.append(message)
+            fatal = len(asked) >= 50  # ends the old loop, so that the count below can say how far it went
+            return [Error("stale_state", "this session's history is not the one you sent", seq=message.seq,
+                          fatal=fatal)]
+        return honest_answer()(message, state)
+
+    fake = FakeService(answer)
+    client = VerifyClient(fake.url, hello_for(close_draft))
+    try:
+        streamed = StreamSpeculator(close_draft, client, SamplingParams(), max_block=2, colocated=False)
+        with pytest.raises(VerifyError) as error:
+            streamed.generate(close_draft.tokenize("def f(x):"), 8)
+        assert error.value.code == "stale_state"
+        assert len(asked) == 2, len(asked)
+        assert streamed.stats.syncs >= 1
+    finally:
+        client.close()
+        fake.close()
