@@ -13,8 +13,9 @@ time it was idle. Within a session, items run in arrival order.
 
 Chunked prefill: an item that must first feed a long history (a prompt, a Sync's new
 history, a stream after one) runs it in pieces, each a turn of its own (`Shareable.split`):
-while other sessions are active, a piece costs about two one-round passes by the backend's
-measured prices (`piece_tokens`), so a round of theirs waits behind one piece at most, never
+while other sessions are active, a piece costs about two one-round passes by the device's cost
+curve timed on this queue (before any pass is timed, by the backend's own prices: `piece_tokens`),
+so a round of theirs waits behind one piece at most, never
 behind a whole prefill; alone, a piece is as long as llama.cpp's batch (ALONE_PIECE_TOKENS).
 
 Shared passes: an item that is a `Shareable` (a verify round, a server-only stream's next
@@ -286,7 +287,26 @@ class DeviceQueue:
         now = time.monotonic()
         others = any(other != session for other in self._turns) or any(
             other != session and now - seen < ACTIVE_S for other, seen in self._seen.items())
-        return piece_tokens(getattr(work, "backend", None)) if others else ALONE_PIECE_TOKENS
+        if not others:
+            return ALONE_PIECE_TOKENS
+        measured = self._measured_piece_tokens()
+        return measured if measured is not None else piece_tokens(getattr(work, "backend", None))
+
+    def _measured_piece_tokens(self) -> int | None:
+        """The longest piece that costs at most two one-round passes by the passes timed on this queue
+        (the device's curve: the emulated one's too, where a backend's own prices are a stand-in's);
+        None before any pass is timed."""
+        if not self.costs.known:
+            return None
+        bound = 2 * self.costs.seconds(ROUND_TOKENS)
+        low, high = ROUND_TOKENS, ALONE_PIECE_TOKENS
+        while low < high:  # the curve never falls: the largest n with c(n) <= bound
+            middle = (low + high + 1) // 2
+            if self.costs.seconds(middle) <= bound:
+                low = middle
+            else:
+                high = middle - 1
+        return low
 
     def _note_seen(self, session: Hashable) -> None:
         now = time.monotonic()

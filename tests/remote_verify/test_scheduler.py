@@ -356,3 +356,27 @@ def test_the_pieces_of_a_cancelled_feed_stop(llamacpp_target):
             session.close()
     pieces = [tokens for members in backend.passes for name, tokens in members if name == "p"]
     assert 1 <= len(pieces) <= 3 and sum(pieces) < 299, pieces
+
+
+def test_a_prefill_piece_is_sized_by_the_curve_timed_on_the_queue():
+    """A piece costs at most two one-round passes by the passes the queue timed: on a curve that
+    stays flat for hundreds of tokens (a GPU) a prompt goes in one piece, on one that grows with
+    every token (a CPU) in pieces of about ten. Sized by a stand-in backend's prices instead, an
+    emulated GPU cut every prompt into pieces of five and made a first token wait a second."""
+    from remote_verify.pass_costs import PassCosts
+
+    def queue_with(curve):
+        costs = PassCosts()
+        for n, seconds in curve:
+            costs.observe(n, seconds)
+        return DeviceQueue(name="piece-test", costs=costs)
+
+    gpu = queue_with([(1, 0.0055), (16, 0.0059), (512, 0.0183)])
+    cpu = queue_with([(1, 0.102), (5, 0.360), (9, 0.616)])
+    try:
+        assert gpu._measured_piece_tokens() >= 200
+        assert 8 <= cpu._measured_piece_tokens() <= 12
+        assert DeviceQueue(name="unmeasured")._measured_piece_tokens() is None
+    finally:
+        gpu.shutdown()
+        cpu.shutdown()
