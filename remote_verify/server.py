@@ -64,7 +64,7 @@ from wire.protocol import (
     encode,
     vocab_fingerprint,
 )
-from remote_verify.scheduler import BATCH_TOKENS, DeviceQueue, QueueClosed
+from remote_verify.scheduler import BATCH_TOKENS, Bookkeeping, DeviceQueue, QueueClosed
 from remote_verify.session import Session, SessionError, SessionLimits
 from remote_verify.server_only import ServerOnlyStream
 from remote_verify import vocab_offer
@@ -437,7 +437,7 @@ class VerifyService:
         return verdict
 
     async def _sync(self, session: Session, request: Sync, arrived: float):
-        synced, _ = await self.queue.run(session.id, partial(session.sync, request), arrived)
+        synced, _ = await self.queue.run(session.id, Bookkeeping(partial(session.sync, request)), arrived)
         self.metrics.syncs.inc()
         return synced
 

@@ -23,7 +23,7 @@ from websockets.exceptions import ConnectionClosed
 
 from wire.protocol import Cancel, Draft, Error, Generate, Generated, encode
 from remote_verify.pass_costs import PassCosts
-from remote_verify.scheduler import DeviceQueue, Planned, QueueClosed, Shareable
+from remote_verify.scheduler import Bookkeeping, DeviceQueue, Planned, QueueClosed, Shareable
 from remote_verify.session import Session, SessionError, StreamStep
 from remote_verify.stream_drafts import StreamDrafts
 
@@ -140,7 +140,7 @@ class ServerOnlyStream:
         if self.busy:
             return Error("busy", "a server-only generation is already streaming: cancel it first", seq=message.seq)
         try:
-            await self.queue.run(self.session.id, lambda: self.session.start_generation(message))
+            await self.queue.run(self.session.id, Bookkeeping(lambda: self.session.start_generation(message)))
         except SessionError as exc:
             return Error(exc.code, exc.message, seq=message.seq, fatal=exc.fatal)
         self._seq = message.seq

@@ -380,3 +380,30 @@ def test_a_prefill_piece_is_sized_by_the_curve_timed_on_the_queue():
     finally:
         gpu.shutdown()
         cpu.shutdown()
+
+
+def test_bookkeeping_goes_ahead_of_the_line_by_charge(recorder):
+    """Starting a stream or a Sync runs no pass: it goes first, ahead of sessions charged less, so a
+    session back with a new reply does not wait for every stream to catch up with its charge."""
+    from remote_verify.scheduler import Bookkeeping
+
+    queue = DeviceQueue(name="bookkeeping-test")
+    ran = []
+    gate = threading.Event()
+
+    async def scenario():
+        blocker = asyncio.ensure_future(queue.run("busy", gate.wait))  # holds the device thread
+        await asyncio.sleep(0.05)
+        queue._charged["heavy"] = 1000.0  # a session that fed a long prompt: charged far ahead
+        queue._charged["light"] = 0.0
+        light = asyncio.ensure_future(queue.run("light", lambda: ran.append("light")))
+        heavy = asyncio.ensure_future(queue.run("heavy", Bookkeeping(lambda: ran.append("heavy"))))
+        await asyncio.sleep(0.05)
+        gate.set()
+        await asyncio.gather(blocker, light, heavy)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        queue.shutdown()
+    assert ran == ["heavy", "light"]
