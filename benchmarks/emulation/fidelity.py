@@ -30,20 +30,14 @@ from benchmarks.emulation.drafter import EmulatedDraft
 from benchmarks.emulation.profiles import load_drafter_profile
 from benchmarks.emulation.recording import DEFAULT_RECORDING, Recording
 from benchmarks.emulation.serve import start_emulated_service
+from benchmarks.readme_flow import start
 
 TARGET_PROFILE, DRAFTER_PROFILE = "a100-qwen2.5-1.5b", "laptop-gpu-0.5b"
 
 
 def start_real_service() -> tuple[subprocess.Popen, str]:
     """`specwire serve` on the default pair, as the README starts it."""
-    process = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", "0", "--exit-with-parent"],
-                               stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
-    line = process.stdout.readline()
-    urls = [word for word in line.split() if word.startswith("ws://")]
-    if not urls:
-        process.kill()
-        raise RuntimeError(f"specwire serve did not start: {line!r}")
-    return process, urls[0]
+    return start([sys.executable, "-m", "app.cli", "serve", "--port", "0", "--exit-with-parent"])
 
 
 def by_position(url: str, draft, entries: list, k: int, max_tokens: int) -> dict:
