@@ -243,8 +243,13 @@ def test_a_message_typed_before_the_service_is_up_is_kept_and_esc_stops_a_reply_
                            r"[\s\S]*○ starting .*waiting for the verification service", timeout_s=15)
 
     tmux("send-keys", "-t", "early", "Escape")
-    screen = tmux.wait_for("early", r"not sent: the message is back in the box", timeout_s=15)
-    assert "You" not in screen and re.search(r"│ def quicksort\(arr\):", screen), screen
+    tmux.wait_for("early", r"not sent: the message is back in the box", timeout_s=15)
+    # the notice and the taken-back turn are drawn in one update, which a capture may catch half
+    # way: what is asserted is the screen once it has settled
+    screens = []
+    settled = lambda: screens.append(tmux.screen("early")) or ("You" not in screens[-1]  # noqa: E731
+                                                               and re.search(r"│ def quicksort\(arr\):", screens[-1]))
+    wait_until(settled, 5, "the message back in the box, its turn gone")
 
     tmux("send-keys", "-t", "early", "Enter")  # the text is in the box: sent again
     chats = data / "specwire" / "chats"  # the chat is saved from its first message on
