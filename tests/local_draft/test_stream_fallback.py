@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 
 import pytest
 
@@ -89,15 +90,27 @@ def test_a_seeded_sampled_stream_repeats_through_a_killed_and_restarted_service(
     assert connections == 2 and interrupted == straight and len(straight) == 60
 
 
-def test_a_stop_asked_mid_stream_cancels_it(service_on, close_draft):
-    """should_stop turning true after 10 tokens ends the reply with reason "stopped" within a pass or two."""
-    client = VerifyClient(service_on("llamacpp").url, hello_for(close_draft))
+def test_a_stop_asked_mid_stream_cancels_it(paced_service, close_draft):
+    """should_stop turning true after 10 tokens ends the reply with reason "stopped" within a few
+    passes. The service is paced like a GPU (4 ms a pass): the tiny target alone passes a token in
+    about a millisecond, faster than a Cancel crosses a busy machine, so a bound in tokens there
+    would measure the machine's load, not the stop."""
+    client = VerifyClient(paced_service.url, hello_for(close_draft))
     made = []
+    asked_at = []
+
+    def stop_after_ten() -> bool:
+        if len(made) >= 10 and not asked_at:
+            asked_at.append(time.perf_counter())
+        return bool(asked_at)
+
     result = StreamSpeculator(close_draft, client, SamplingParams(), max_block=4).generate(
         close_draft.tokenize("Once upon a time"), 2000, lambda tokens, _: made.extend(tokens),
-        should_stop=lambda: len(made) >= 10)
+        should_stop=stop_after_ten)
+    ended_in_s = time.perf_counter() - asked_at[0]
     client.close()
-    assert result.stop_reason == "stopped" and 10 <= len(result.token_ids) < 10 + 40
+    assert result.stop_reason == "stopped" and 10 <= len(result.token_ids) < 10 + 40, len(result.token_ids)
+    assert ended_in_s < 2.0, ended_in_s
 
 
 def test_ngram_guesses_with_no_model_stream_the_targets_tokens(tiny, paced_service, close_draft):

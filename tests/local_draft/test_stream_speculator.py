@@ -51,16 +51,13 @@ def test_greedy_stream_is_token_identical_to_server_only(request, service, draft
     reference = _server_only(service.url, draft, SamplingParams(), PROMPTS)
     client = VerifyClient(service.url, hello_for(draft))
     speculator = StreamSpeculator(draft, client, SamplingParams(), max_block=k)
-    accepted = 0
     for prompt in PROMPTS:
         result = speculator.generate(draft.tokenize(prompt), MAX_TOKENS)
         assert result.token_ids == reference[prompt], prompt
-        accepted += result.stats.accepted
     client.close()
-    if k is not None and drafter == "close_draft":
-        # guesses were verified and kept (how many depends on how far a tiny target outruns the
-        # drafter: the emulated device's tests measure how many, tests/benchmarks/test_emulation.py)
-        assert accepted > 0, accepted
+    # Whether any guess is kept here depends on the machine: the tiny target alone passes a token
+    # in about a millisecond and can outrun every guess. The paced service below holds its passes
+    # to a GPU's, and there the kept guesses are counted and must be most of the text.
 
 
 def test_behind_a_round_trip_guesses_for_passed_positions_are_checked(service_on, far_link, close_draft):
