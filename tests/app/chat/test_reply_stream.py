@@ -231,7 +231,9 @@ async def test_esc_typed_with_the_enter_that_starts_a_reply_stops_it(chat_settin
         prompt.load_text("tell me everything")
         for key, character in (("enter", "\r"), ("escape", "\x1b")):  # as the app forwards keys to the focus
             prompt._forward_event(events.Key(key, character))
-        await wait_for(pilot, lambda: screen.stream.current is not None, timeout_s=10, what="the reply")
-        reply = screen.stream.current
+        # the reply's turn, found on the screen: stopped at once, it can start and end between two
+        # looks at `stream.current` (which is cleared when a reply ends)
+        await wait_for(pilot, lambda: screen.query(AssistantTurn), timeout_s=10, what="the reply")
+        reply = screen.query(AssistantTurn).last()
         await wait_for(pilot, lambda: reply.finished and not screen.replying, what="the reply to end")
         assert reply.reply.stop_reason == "stopped" and len(reply.reply.provenance) < 3000
