@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from local_draft.decayed_mean import DecayedMean
+
 MEMORY = 0.8  # weight of the past per round: ~5 rounds, so a switch from code to prose shows fast
 PRIOR_ALPHA = 0.7  # before any round: a same-family pair on ordinary text
 PRIOR_WEIGHT = 2.0  # worth two tested tokens
@@ -49,20 +51,10 @@ EXPLORE_EVERY = 8  # every 8th drafting round tries another k: k + 2, then 0, in
 MAX_FIT_TOKENS = 48  # verify timings of blocks up to this size fit the cost line (not prompts)
 
 
-class Decayed:
-    """An exponentially forgetting mean."""
+class Decayed(DecayedMean):
+    """An exponentially forgetting mean, at adaptive k's pace."""
 
-    def __init__(self) -> None:
-        self.total = 0.0
-        self.weight = 0.0
-
-    def add(self, value: float, weight: float = 1.0) -> None:
-        self.total = self.total * MEMORY + value * weight
-        self.weight = self.weight * MEMORY + weight
-
-    @property
-    def value(self) -> float | None:
-        return self.total / self.weight if self.weight > 1e-9 else None
+    memory = MEMORY
 
 
 class _CostLine:

@@ -39,6 +39,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from local_draft.decayed_mean import DecayedMean
 from wire.cost_curve import curve_seconds
 from wire.protocol import PassCost
 
@@ -60,19 +61,10 @@ LIKELY = 0.15  # guesses whose chance of being reached and right is below this a
 MAX_SPAN = 32
 
 
-class Decayed:
-    """An exponentially forgetting mean, with its weight (how much evidence it holds)."""
+class Decayed(DecayedMean):
+    """An exponentially forgetting mean at the stream controller's pace, with its weight."""
 
-    def __init__(self, total: float = 0.0, weight: float = 0.0):
-        self.total, self.weight = total, weight
-
-    def add(self, value: float, weight: float = 1.0) -> None:
-        self.total = self.total * MEMORY + value * weight
-        self.weight = self.weight * MEMORY + weight
-
-    @property
-    def value(self) -> float | None:
-        return self.total / self.weight if self.weight > 1e-9 else None
+    memory = MEMORY
 
 
 @dataclass
