@@ -46,6 +46,13 @@ SECONDS_PER_NEW_TOKEN = 0.05  # a generous CPU prefill rate for a 1.5B target
 # queue): it is waited for up to this rate, slower than any target we run, so that a hung forward
 # pass is still found out in the end.
 SLOWEST_SECONDS_PER_NEW_TOKEN = 1.0
+# And whatever its own tokens, a reply can wait behind other sessions' work (their prompts, a KV
+# pool growing for newcomers: sixteen clients arriving together on a 2-core CPU wait 15 s and more
+# between two frames). A client that took that for a lost service reconnected, opening a second
+# session beside the one still queued, and each such session made the queue longer still: the
+# service's memory grew until the kernel killed it. So a service that answers pings gets this much
+# more, once per request.
+SLOWEST_QUEUE_S = 120.0
 # A Welcome is waited for like a verdict: past the stall timeout the service is asked whether it is
 # alive, and waited for up to this long while it answers (many clients arriving together, a loaded host).
 SLOWEST_WELCOME_S = 120.0
@@ -308,7 +315,7 @@ class VerifyClient:
         # A stalled link looks like a slow service: allow the service time for the tokens it
         # must run (a long prompt on a CPU takes seconds), then ask it whether it is alive.
         self._reply_timeout = self.stall_timeout_s + SECONDS_PER_NEW_TOKEN * new_tokens
-        self._longest_wait = self.stall_timeout_s + SLOWEST_SECONDS_PER_NEW_TOKEN * new_tokens
+        self._longest_wait = self.stall_timeout_s + SLOWEST_QUEUE_S + SLOWEST_SECONDS_PER_NEW_TOKEN * new_tokens
 
     def _wait_for_reply(self) -> bytes:
         """The next frame. Past the expected time, wait on while the service answers pings: a long

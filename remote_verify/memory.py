@@ -1,4 +1,4 @@
-"""Handing freed memory back to the operating system after a session closes.
+"""The service's memory: what it may still take, and handing freed memory back after a session closes.
 
 A session's KV cache is a few large allocations. glibc keeps freed heap memory for reuse
 and, after the first large frees, serves large allocations from the heap instead of fresh
@@ -34,6 +34,10 @@ def give_back_free_memory() -> bool:
 
 
 GIB = 1 << 30
+# Kept free when a KV pool is allocated: the rest of the service (logits rows, frames, Python)
+# and the pool's own compute buffers grow too, and on Linux an allocation past the machine's
+# memory does not fail: it succeeds, and the kernel's OOM killer ends the whole service later.
+ALLOCATION_HEADROOM = 512 << 20
 
 
 def available_memory_bytes() -> int | None:
@@ -77,3 +81,13 @@ def kv_memory_problem(backend, max_sessions: int) -> str | None:
     return (f"--max-sessions {max_sessions} x --max-context {backend.max_context} need {need / GIB:.1f} GiB of KV "
             f"memory ({each / (1 << 20):.0f} MiB a session), and this service can have {available / GIB:.1f} GiB "
             f"more: lower --max-sessions (at most {available // each} fit) or --max-context")
+
+
+def allocation_problem(nbytes: int, what: str) -> str | None:
+    """Why allocating `nbytes` more now would take memory this service cannot have (ALLOCATION_HEADROOM
+    kept free), or None; None too where the free memory is not known (not Linux)."""
+    available = available_memory_bytes()
+    if available is None or nbytes + ALLOCATION_HEADROOM <= available:
+        return None
+    return (f"{what} needs {nbytes / GIB:.2f} GiB, and this service can have {available / GIB:.2f} GiB more "
+            f"({ALLOCATION_HEADROOM >> 20} MiB of which it keeps free)")

@@ -21,7 +21,10 @@ sessions both ways (at most twice what they use, three times for the moment of a
 for POOL_KEEP_S after sessions leave). A pool that cannot be allocated
 refuses the new session (`CacheFull`: the client is told the service's KV memory is full and
 when to retry); sessions already open are never evicted, and a move that fails leaves them
-where they were.
+where they were. On the CPU "cannot be allocated" is decided before llama.cpp is asked: a pool
+larger than the memory the machine has left is refused (remote_verify/memory.py), because Linux
+lets such an allocation succeed and its OOM killer then ends the service with every session in
+it. Where a doubled pool does not fit, the newcomer gets a pool of 1 of its own if that does.
 
 Pools shrink late, not at once: a few sessions opening and closing around a grow and a shrink
 point made the device thread allocate, zero and copy whole pools over and over (3.3 GB a cycle
@@ -69,6 +72,7 @@ from typing import Sequence
 
 from remote_verify.backends.llama_pass_plan import DecodeCosts, PassLayout, plan_lengths, ubatch_count
 from remote_verify.backends.target import CacheFull, Pass
+from remote_verify.memory import allocation_problem
 from wire.llama_switches import prepare_llama_cpp
 from wire.threads import service_threads
 
@@ -217,9 +221,13 @@ class LlamaCppTarget:
         pool = next((pool for pool in self._pools if pool.free), None)
         if pool is None:
             newest = self._pools[-1] if self._pools else None
+            pool = None
             if self.grow and newest is not None and newest.slots < self.slots:
-                pool = self._move_sessions(newest, min(self.slots, 2 * newest.slots))
-            else:
+                try:
+                    pool = self._move_sessions(newest, min(self.slots, 2 * newest.slots))
+                except CacheFull as exc:
+                    log.info("no memory to grow a KV pool (%s): the new session takes a pool of its own", exc)
+            if pool is None:
                 size = 1 if self.grow else self.slots
                 pool = KvPool(self._new_context(size), size)
                 self._pools.append(pool)
@@ -273,10 +281,16 @@ class LlamaCppTarget:
 
     def _new_context(self, slots: int) -> LlamaContext:
         params = self.context_params(slots)
+        held = sum(pool.slots for pool in self._pools)
+        if self.name.endswith(":cpu"):
+            problem = allocation_problem(slots * self.kv_bytes_per_session(), f"a KV pool of {slots} sessions")
+            if problem:
+                log.warning("refused a new KV pool: %s (%d sessions of %d tokens held in %d pools)", problem, held,
+                            self.max_context, len(self._pools))
+                raise CacheFull(f"the target's KV memory is full: {problem}")
         try:
             return LlamaContext(model=self.model, params=params, verbose=False)
         except Exception as exc:  # llama.cpp could not allocate the pool's KV memory
-            held = sum(pool.slots for pool in self._pools)
             raise CacheFull(f"the target's KV memory is full ({held} sessions of {self.max_context} tokens "
                             f"in {len(self._pools)} pools): {exc}") from exc
 

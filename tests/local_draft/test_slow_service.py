@@ -75,3 +75,55 @@ def test_a_late_welcome_is_waited_for_while_the_service_answers_pings(close_draf
     finally:
         fake.close()
     assert client.welcome.session_id == "fake" and time.monotonic() - started >= 3.0
+
+
+class QueuedStepTarget:
+    """The real target, whose STEP_AT-th pass once waits QUEUED_S first (other sessions' work ahead of
+    this one's step: their prompts, a KV pool growing for newcomers). Armed once the service is up."""
+
+    STEP_AT = 4
+    QUEUED_S = 3.0
+
+    def __init__(self, target):
+        self._target = target
+        self.passes = 0
+        self.armed = False
+
+    def __getattr__(self, name):
+        return getattr(self._target, name)
+
+    def forward_many(self, passes):
+        if self.armed:
+            self.passes += 1
+            if self.passes == self.STEP_AT:
+                time.sleep(self.QUEUED_S)
+        return self._target.forward_many(passes)
+
+
+def test_a_stream_waiting_behind_other_sessions_keeps_its_session(llamacpp_target, close_draft):
+    """Mid-stream, one step comes 3 s late (queued behind others' work) to a client with a 1 s stall
+    timeout; the service answers pings meanwhile, so the client waits on the same session and gets the
+    target's tokens. (It gave up after 2 s, the stall timeout and a step's allowance, and reconnected,
+    leaving its old session queued: with sixteen default-pair clients at once, each reconnect made the
+    queue longer, and the service grew to 23 GB until the kernel killed it.)"""
+    from local_draft.server_only import ServerOnlyGenerator
+    from local_draft.verify_client import VerifyClient
+    from tests.local_draft.test_fallback import target_alone
+
+    prompt = close_draft.tokenize("def quicksort(arr):")
+    expected = target_alone(llamacpp_target, prompt, 12)
+    queued = QueuedStepTarget(llamacpp_target)
+    running = RunningService(queued)
+    queued.armed = True
+    try:
+        client = VerifyClient(running.url, hello_for(close_draft), stall_timeout_s=1.0)
+        try:
+            started = time.monotonic()
+            result = ServerOnlyGenerator(client, close_draft.end_ids).generate(prompt, 12)
+            took = time.monotonic() - started
+        finally:
+            client.close()
+    finally:
+        running.close()
+    assert queued.passes > QueuedStepTarget.STEP_AT and took >= QueuedStepTarget.QUEUED_S
+    assert result.token_ids == expected
