@@ -54,6 +54,19 @@ PROBE_EVERY = 8  # rounds in which such a match went unused
 PROBE_K = 4
 
 
+def drafter_and_end_ids(draft, drafting: str, end_ids) -> tuple:
+    """The draft model a loop drafts with (None for "ngram", which runs none) and the tokens that end
+    a generation (the draft model's unless given; without a model they must be given)."""
+    if drafting not in DRAFTINGS:
+        raise ValueError(f"drafting must be {', '.join(DRAFTINGS[:-1])} or {DRAFTINGS[-1]}, got {drafting!r}")
+    model = draft if drafting != "ngram" else None
+    if model is None and drafting != "ngram":
+        raise ValueError(f"drafting {drafting!r} needs a draft model")
+    if end_ids is None and draft is None:
+        raise ValueError("without a draft model, end_ids must say which tokens end a generation")
+    return model, frozenset(end_ids) if end_ids is not None else draft.end_ids
+
+
 @dataclass(frozen=True)
 class RoundPlan:
     source: str  # "model" or "ngram" (an empty draft is "model" with k = 0 in model/mixed, "ngram" in ngram)

@@ -40,7 +40,7 @@ from typing import Callable, Iterable, Sequence
 
 from local_draft.adaptive_k import AdaptiveK, RoundTiming
 from local_draft.draft_model import DraftModel, DraftModelError
-from local_draft.draft_source import RoundPlan, SourceChoice
+from local_draft.draft_source import RoundPlan, SourceChoice, drafter_and_end_ids
 from local_draft.generation_stats import Generation, GenerationStats
 from local_draft.ngram_draft import point_mass
 from local_draft.service_link import ServiceLink
@@ -98,14 +98,9 @@ class Speculator:
                  pipeline: bool = False, max_k: int = 16, drafting: str = "model",
                  end_ids: Iterable[int] | None = None, resume_within_s: float = 0.0):
         # "ngram" runs no model: `draft` may be None, and `end_ids` then says where text ends
+        self.draft, self.end_ids = drafter_and_end_ids(draft, drafting, end_ids)
         self.choice = SourceChoice(drafting) if drafting != "model" else None
         self.drafting = drafting
-        self.draft = draft if drafting != "ngram" else None
-        if self.draft is None and drafting != "ngram":
-            raise ValueError(f"drafting {drafting!r} needs a draft model")
-        if end_ids is None and draft is None:
-            raise ValueError("without a draft model, end_ids must say which tokens end a generation")
-        self.end_ids = frozenset(end_ids) if end_ids is not None else draft.end_ids
         self.resume_within_s = resume_within_s  # with no model: how long a lost service is waited for
         self.link = FixedLink(link) if isinstance(link, VerifyClient) else link  # None: offline
         self.params = params

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from local_draft.draft_model import DraftModel, DraftModelError
+from local_draft.draft_source import drafter_and_end_ids
 from local_draft.generation_stats import Generation, GenerationStats
 from local_draft.ngram_draft import NGramDrafter
 from local_draft.service_link import ServiceLink
@@ -83,14 +84,7 @@ class StreamSpeculator:
     def __init__(self, draft: DraftModel | None, link: ServiceLink | VerifyClient | None, params: SamplingParams,
                  seed: int | None = None, max_block: int | None = None, drafting: str = "model",
                  end_ids: Iterable[int] | None = None, resume_within_s: float = 0.0, colocated: bool | None = None):
-        if drafting not in ("model", "ngram", "mixed"):
-            raise ValueError(f"drafting must be model, ngram or mixed, got {drafting!r}")
-        self.draft = draft if drafting != "ngram" else None
-        if self.draft is None and drafting != "ngram":
-            raise ValueError(f"drafting {drafting!r} needs a draft model")
-        if end_ids is None and draft is None:
-            raise ValueError("without a draft model, end_ids must say which tokens end a generation")
-        self.end_ids = frozenset(end_ids) if end_ids is not None else draft.end_ids
+        self.draft, self.end_ids = drafter_and_end_ids(draft, drafting, end_ids)
         self.drafting = drafting
         self.ngram = NGramDrafter() if drafting != "model" else None
         self.link = FixedLink(link) if isinstance(link, VerifyClient) else link  # None: offline
