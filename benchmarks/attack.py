@@ -271,6 +271,12 @@ def honest_rounds(url: str, draft_path: Path, prompts, references, rounds: int, 
         client.close()
     trips = [sample[0] for sample in client.samples]
     summary = {f"{name}_ms": value * 1000 for name, value in percentiles(trips, (50, 99)).items()}
+    # where a round trip went: waiting for the device (the service's fairness), and the rest (the
+    # pass itself, the wire, this client's own turn on a busy machine)
+    queued = [sample[1] for sample in client.samples]
+    summary.update({f"queued_{name}_ms": value * 1000 for name, value in percentiles(queued, (50, 99)).items()})
+    rest = [trip - wait - service for trip, wait, service in client.samples]
+    summary.update({f"rest_{name}_ms": value * 1000 for name, value in percentiles(rest, (50, 99)).items()})
     summary.update(worst_ms=max(trips, default=0.0) * 1000, rounds=len(trips), mismatches=mismatches,
                    wall_s=time.monotonic() - started)
     return summary
@@ -345,11 +351,13 @@ def print_shape(report: dict) -> None:
             if report["shape"] == "sync-thrash" else
             f"{report['attackers']} churning clients ({report['churn_sessions']} sessions each, opened and closed)")
     print(f"{report['target']}: one honest session (k = 4) quiet, then beside {what}")
-    print("honest round trip          p50 ms   p99 ms   worst ms   rounds   mismatches")
+    print("honest round trip          p50 ms   p99 ms   worst ms   rounds   mismatches   queued p50 / p99 ms"
+          "   outside the service p50 / p99 ms")
     for name in ("quiet", "attacked"):
         row = report[name]
         print(f"  {name:<22} {row['p50_ms']:8.1f} {row['p99_ms']:8.1f} {row['worst_ms']:10.1f} {row['rounds']:8d} "
-              f"{row['mismatches']:12d}")
+              f"{row['mismatches']:12d}   {row['queued_p50_ms']:.1f} / {row['queued_p99_ms']:.1f}"
+              f"{'':17}{row['rest_p50_ms']:.1f} / {row['rest_p99_ms']:.1f}")
     print(f"  p99 under attack / quiet: {report['attacked']['p99_ms'] / max(report['quiet']['p99_ms'], 1e-9):.2f}x; "
           f"attack cycles completed: {report['attack_cycles']}")
     print(f"service memory: before {report['rss_before_mib']:.0f} MiB, peak {report['rss_peak_mib']:.0f} MiB, "
