@@ -17,7 +17,8 @@ while other sessions are active, a first piece costs about two one-round passes 
 cost curve timed on this queue (before any pass is timed, by the backend's own prices:
 `piece_tokens`), and each later one is sized by how long the prefill's last piece took, to take
 about PIECE_ROUNDS passes of rounds (deep in a long history a token costs more than a curve keyed
-by tokens says); alone, a piece is as long as llama.cpp's batch (ALONE_PIECE_TOKENS). A feed of
+by tokens says); alone, a piece is as long as llama.cpp's batch (ALONE_PIECE_TOKENS), or what
+takes ALONE_PIECE_S where a batch takes longer (a CPU: a newcomer waits for it). A feed of
 UNCUT_TOKENS or fewer (a new reply's short prompt) is never cut. And a round goes before a piece
 that is due by charge, once (ROUND_PASSES_BEFORE_A_PIECE), so a round waits behind the one piece
 running at most, never behind a whole prefill nor a piece of every prefilling session (by charge
@@ -70,6 +71,10 @@ log = logging.getLogger(__name__)
 CREDIT_TOKENS = 64  # how far behind the clock a session back from idle starts: ahead of the busy ones
 ACTIVE_S = 2.0  # a session that sent work this recently is active: others' prefills go in short pieces
 ALONE_PIECE_TOKENS = 512  # a piece when no other session is active: llama.cpp's batch, nothing to share
+# ... or fewer, where a batch takes longer than this: a session arriving while a piece runs waits
+# for it (512 tokens of the 1.5B target on two CPU cores: 33 s), and a shorter piece costs the
+# prefill only the fixed price of a few more passes (about 2% there).
+ALONE_PIECE_S = 2.0
 DEFAULT_PIECE_TOKENS = 64  # a piece on a backend that measures no prices (torch, onnx)
 ROUND_TOKENS = 5  # a typical round's feed (k = 4 and its bonus): what a piece is priced against
 ROUND_PASSES_BEFORE_A_PIECE = 1  # passes of rounds that may go before a prefill piece due by charge
@@ -360,7 +365,8 @@ class DeviceQueue:
     def _piece_limit(self, session: Hashable, work) -> int:
         """Prefill tokens a piece of `session`'s may feed now: short while others are active, a batch alone."""
         if not self._others_active(session):
-            return ALONE_PIECE_TOKENS
+            alone = self._longest_piece_within(ALONE_PIECE_S) if self.costs.known else None
+            return max(UNCUT_TOKENS, alone) if alone is not None else ALONE_PIECE_TOKENS
         measured = self._measured_piece_tokens()
         return measured if measured is not None else piece_tokens(getattr(work, "backend", None))
 
@@ -376,7 +382,10 @@ class DeviceQueue:
         None before any pass is timed."""
         if not self.costs.known:
             return None
-        bound = 2 * self.costs.seconds(ROUND_TOKENS)
+        return self._longest_piece_within(2 * self.costs.seconds(ROUND_TOKENS))
+
+    def _longest_piece_within(self, bound: float) -> int:
+        """The largest n (ROUND_TOKENS to ALONE_PIECE_TOKENS) with c(n) <= bound on the timed curve."""
         low, high = ROUND_TOKENS, ALONE_PIECE_TOKENS
         while low < high:  # the curve never falls: the largest n with c(n) <= bound
             middle = (low + high + 1) // 2

@@ -415,6 +415,7 @@ def test_a_prefill_piece_is_sized_by_the_curve_timed_on_the_queue():
     stays flat for hundreds of tokens (a GPU) a prompt goes in one piece, on one that grows with
     every token (a CPU) in pieces of about ten. Sized by a stand-in backend's prices instead, an
     emulated GPU cut every prompt into pieces of five and made a first token wait a second."""
+    import remote_verify.scheduler as scheduler
     from remote_verify.pass_costs import PassCosts
 
     def queue_with(curve):
@@ -429,6 +430,10 @@ def test_a_prefill_piece_is_sized_by_the_curve_timed_on_the_queue():
         assert gpu._measured_piece_tokens() >= 200
         assert 8 <= cpu._measured_piece_tokens() <= 12
         assert DeviceQueue(name="unmeasured")._measured_piece_tokens() is None
+        # alone: a whole batch where it is quick, what takes ALONE_PIECE_S where it is not (a batch of
+        # the 1.5B on two CPU cores took 31 s, and a session arriving meanwhile waited all of it)
+        assert gpu._piece_limit("p", None) == scheduler.ALONE_PIECE_TOKENS
+        assert 30 <= cpu._piece_limit("p", None) <= 33
     finally:
         gpu.shutdown()
         cpu.shutdown()
