@@ -52,9 +52,12 @@ class PassCosts:
 
     def seconds(self, tokens: int) -> float | None:
         """c(tokens): the expected seconds of a pass of that many tokens (None before any measurement)."""
+        return interpolate(self.points(), tokens)
+
+    def points(self) -> list[tuple[int, float]]:
+        """The measured (tokens, seconds) points, sorted: read once to evaluate the curve many times."""
         with self._lock:
-            points = sorted((n, total / weight) for n, (total, weight) in self._seconds.items())
-        return interpolate(points, tokens)
+            return sorted((n, total / weight) for n, (total, weight) in self._seconds.items())
 
     def curve(self, sizes: Sequence[int] = REPORTED_SIZES) -> list[PassCost]:
         """The curve at a few sizes, for a Welcome (empty before any measurement)."""

@@ -63,6 +63,7 @@ import numpy as np
 
 from remote_verify.backends.target import Pass, run_passes
 from remote_verify.pass_costs import PassCosts
+from wire.cost_curve import interpolate
 from remote_verify.stream_drafts import PassSoFar
 from wire.limits import BATCH_TOKENS
 
@@ -197,6 +198,7 @@ class DeviceQueue:
         self._seen: dict[Hashable, float] = {}  # when each session last sent work
         self._rounds_ahead = 0  # passes of rounds run before the piece due by charge
         self._round_s: float | None = None  # a pass holding no prefill piece takes this long (decayed mean)
+        self._piece_memo: dict = {}  # piece limits found while forming the current turn
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name=f"{name}-worker", daemon=True)
         self._thread.start()
@@ -273,6 +275,7 @@ class DeviceQueue:
                     return None
                 self._ready.wait()
             line = sorted(self._turns, key=lambda each: self._charged[each])  # stable: ties in arrival order
+            self._piece_memo.clear()  # the curve has moved since the last turn
             # bookkeeping (starting a stream, a Sync) goes first: by charge, a session back with a new
             # reply waited until every stream charged less than it had caught up (a second for a first
             # token at 32 streams); what its turn costs the others is the pass after it, charged as before
@@ -365,7 +368,7 @@ class DeviceQueue:
     def _piece_limit(self, session: Hashable, work) -> int:
         """Prefill tokens a piece of `session`'s may feed now: short while others are active, a batch alone."""
         if not self._others_active(session):
-            alone = self._longest_piece_within(ALONE_PIECE_S) if self.costs.known else None
+            alone = self._longest_piece_within(ALONE_PIECE_S)
             return max(UNCUT_TOKENS, alone) if alone is not None else ALONE_PIECE_TOKENS
         measured = self._measured_piece_tokens()
         return measured if measured is not None else piece_tokens(getattr(work, "backend", None))
@@ -380,20 +383,26 @@ class DeviceQueue:
         """The longest piece that costs at most two one-round passes by the passes timed on this queue
         (the device's curve: the emulated one's too, where a backend's own prices are a stand-in's);
         None before any pass is timed."""
-        if not self.costs.known:
-            return None
-        return self._longest_piece_within(2 * self.costs.seconds(ROUND_TOKENS))
+        return self._longest_piece_within(2.0, ROUND_TOKENS)
 
-    def _longest_piece_within(self, bound: float) -> int:
-        """The largest n (ROUND_TOKENS to ALONE_PIECE_TOKENS) with c(n) <= bound on the timed curve."""
-        low, high = ROUND_TOKENS, ALONE_PIECE_TOKENS
-        while low < high:  # the curve never falls: the largest n with c(n) <= bound
-            middle = (low + high + 1) // 2
-            if self.costs.seconds(middle) <= bound:
-                low = middle
-            else:
-                high = middle - 1
-        return low
+    def _longest_piece_within(self, seconds: float, rounds_of: int | None = None) -> int | None:
+        """The largest n (ROUND_TOKENS to ALONE_PIECE_TOKENS) with c(n) <= `seconds` on the timed curve, or
+        <= `seconds` passes of `rounds_of` tokens; None before any pass is timed. Kept for the rest of the
+        turn being formed: it is asked for each waiting session, and a curve of a few hundred sizes
+        takes a millisecond to search, on the thread the event loop needs the GIL from."""
+        key = (seconds, rounds_of)
+        if key not in self._piece_memo:
+            points = self.costs.points()
+            bound = None if not points else seconds * interpolate(points, rounds_of) if rounds_of else seconds
+            low, high = ROUND_TOKENS, ALONE_PIECE_TOKENS
+            while bound is not None and low < high:  # the curve never falls: the largest n with c(n) <= bound
+                middle = (low + high + 1) // 2
+                if interpolate(points, middle) <= bound:
+                    low = middle
+                else:
+                    high = middle - 1
+            self._piece_memo[key] = low if bound is not None else None
+        return self._piece_memo[key]
 
     def _note_seen(self, session: Hashable) -> None:
         now = time.monotonic()
