@@ -46,7 +46,11 @@ def test_export_onnx_of_a_missing_target_is_a_clear_error(tmp_path):
 
 
 def test_serve_backend_onnx_gives_the_same_tokens_with_and_without_drafting(exported, tiny):
-    """serve --backend onnx; generate --k 0 and --k 4 agree token for token, and drafts are accepted."""
+    """serve --backend onnx; generate --k 0 and --k 4 agree token for token, and drafts are accepted.
+
+    In rounds, where every block of 4 is verified: in the default mode the tiny target (about a
+    millisecond a pass) outruns the drafter's guesses by a machine-dependent share (0.2 of them
+    kept in one full run, most of them alone), which says nothing of the backend."""
     out, _ = exported
     process = subprocess.Popen([SPECWIRE, "-v", "serve", "--backend", "onnx", "--target", str(out), "--port", "0"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -58,7 +62,7 @@ def test_serve_backend_onnx_gives_the_same_tokens_with_and_without_drafting(expo
         for k in ("0", "4"):
             done = subprocess.run([SPECWIRE, "generate", "--draft", str(tiny.draft), "--server", url, "--prompt",
                                    "def quicksort(arr):", "--max-tokens", "48", "--temperature", "0", "--json",
-                                   "--k", k], capture_output=True, text=True, timeout=120)
+                                   "--mode", "rounds", "--k", k], capture_output=True, text=True, timeout=120)
             assert done.returncode == 0, done.stderr
             results[k] = json.loads(done.stdout)
         assert results["4"]["token_ids"] == results["0"]["token_ids"] and len(results["0"]["token_ids"]) == 48
