@@ -285,7 +285,7 @@ class LlamaCppTarget:
         if self.name.endswith(":cpu"):
             problem = allocation_problem(slots * self.kv_bytes_per_session(), f"a KV pool of {slots} sessions")
             if problem:
-                log.warning("refused a new KV pool: %s (%d sessions of %d tokens held in %d pools)", problem, held,
+                log.warning("refused a new KV pool: %s (%d slots of %d tokens held in %d pools)", problem, held,
                             self.max_context, len(self._pools))
                 raise CacheFull(f"the target's KV memory is full: {problem}")
         try:
