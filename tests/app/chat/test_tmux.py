@@ -162,13 +162,26 @@ def test_the_real_chat_in_tmux_answers_goes_offline_resumes_and_leaves_no_servic
     coloured = tmux.screen("first", colours=True)
     assert "\x1b[1m" in coloured and coloured.count("\x1b[38;") > 10  # bold target tokens, coloured text
 
-    service = _service_pid(tmux, "first")
-    tmux("send-keys", "-t", "first", "tell me more", "Enter")
-    deadline = time.monotonic() + 120
-    while _saved_tokens(tmp_path / "data", turn=2) < 10:  # polled fast: on a quiet machine replies are quick
-        assert time.monotonic() < deadline, "the second reply did not stream"
-        time.sleep(0.01)
-    os.kill(service, signal.SIGKILL)
+    # kill -9 of the service mid-reply. The tiny target streams 400 tokens in about a second: on a
+    # machine busy with other work the reply can end before the kill lands (it is then all verified),
+    # and the chat restarts its service: then another message is sent, three at most.
+    turn = 2
+    for _ in range(3):
+        service = _service_pid(tmux, "first")
+        tmux("send-keys", "-t", "first", "tell me more", "Enter")
+        deadline = time.monotonic() + 120
+        while _saved_tokens(tmp_path / "data", turn=turn) < 10:  # polled fast: tiny replies are quick
+            assert time.monotonic() < deadline, f"the reply of turn {turn} did not stream"
+            time.sleep(0.01)
+        os.kill(service, signal.SIGKILL)
+        wait_until(lambda: _saved_end(tmp_path / "data", turn) is not None, 120, f"the end of turn {turn}")
+        if _saved_end(tmp_path / "data", turn)["stats"]["offline"] > 0:
+            break
+        wait_until(lambda: [p for p, a in _descendants(tmux.pane_pid("first")).items()
+                            if "--exit-with-parent" in a and p != service], 60, "the restarted service")
+        turn += 1
+    else:
+        pytest.fail("the service was never killed mid-reply in 3 tries")
     screen = tmux.wait_for("first", r"400 tokens: \d+ draft, \d+ target, \d+ unverified")
     assert "lost the verification service: continuing offline, unverified tokens are marked" in screen
     # italic and underlined (tmux may reset first: 0;3;4): the legend's "unverified", and the offline tokens
@@ -181,15 +194,15 @@ def test_the_real_chat_in_tmux_answers_goes_offline_resumes_and_leaves_no_servic
 
     tmux.start("resumed", command + " --resume")
     screen = tmux.wait_for("resumed", r"● embedded service")
-    assert f"resumed chat {chat_id}: 2 turns" in screen
+    assert f"resumed chat {chat_id}: {turn} turns" in screen
     assert "def quicksort(arr):" in screen and "tell me more" in screen
-    assert len(re.findall(r"400 tokens:", screen)) == 2 and "lost the verification service" in screen
+    assert len(re.findall(r"400 tokens:", screen)) >= 2 and "lost the verification service" in screen
 
     # esc mid-reply, then a second message: a 5,000-character paste, answered verified. The tiny
     # target streams its 400 tokens in about a second; on a machine busy with other work the reply
     # can end before the key reaches the chat (it then ends at the length limit, and esc on an
     # ended reply does nothing): then another message is sent, three at most.
-    turn = 3
+    turn += 1
     for _ in range(3):
         tmux("send-keys", "-t", "resumed", "tell me a story", "Enter")
         _stream_then(tmux, "resumed", tmp_path / "data", turn, "Escape")
