@@ -19,6 +19,7 @@ from app.model_paths import resolve_model
 from app.token_file import read_token_file, read_token_line
 from app.threads_flags import add_service_threads_argument
 from app.user_error import UserError
+from remote_verify.device_priority import check_device_nice
 from wire.limits import BATCH_TOKENS, ServiceLimits
 
 log = logging.getLogger(__name__)
@@ -65,10 +66,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--max-context", type=int, default=4096,
                        help="longest history per session (default: %(default)s)")
     add_service_threads_argument(serve)
+    serve.add_argument("--device-nice", type=_device_nice_flag, default=env("SPECWIRE_DEVICE_NICE", "0"), metavar="N",
+                       help="run the forward passes N nicer than the service's event loop (0 to 19; default: "
+                       "$SPECWIRE_DEVICE_NICE, else 0): where the service has one core, 5 keeps every client's "
+                       "round trip quick while another's long prompt is computed; it also yields to every other "
+                       "program on the machine (Linux only)")
     serve.add_argument("--exit-with-parent", action="store_true",
                        help="stop when standard input closes (the program that started the service exited)")
     add_service_arguments(serve)
     serve.set_defaults(run=run_serve)
+
+
+def _device_nice_flag(text: str) -> int:
+    """--device-nice, for argparse: a whole number from 0 to 19, or argparse's error saying why not."""
+    try:
+        return check_device_nice(int(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc) if "niceness" in str(exc) else
+                                         f"not a whole number: {text!r}") from None
 
 
 def add_service_arguments(serve: argparse.ArgumentParser) -> None:
@@ -161,7 +176,8 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UserError(f"no target model at {target}")
     config = ServiceConfig(host=args.host, port=args.port, token=token, tls=tls,
                            limits=SessionLimits(max_draft=args.max_draft, max_context=args.max_context),
-                           service_limits=limits, batch_tokens=args.batch_tokens, public_metrics=args.public_metrics)
+                           service_limits=limits, batch_tokens=args.batch_tokens, public_metrics=args.public_metrics,
+                           device_nice=args.device_nice)
     service = VerifyService(lambda: load_backend(args.backend, target, device=args.device, threads=args.threads,
                                                  batch_threads=args.batch_threads,
                                                  batch_invariant=args.batch_invariant, torch_static=args.torch_static,

@@ -283,13 +283,15 @@ def honest_rounds(url: str, draft_path: Path, prompts, references, rounds: int, 
 
 
 def run_shape(shape: str, target: Path, draft_path: Path, attackers: int, rounds: int, churn_sessions: int = 7,
-              k: int = 4, max_tokens: int = 32, deadline_s: float = 600.0, service_args: tuple[str, ...] = ()) -> dict:
+              k: int = 4, max_tokens: int = 32, deadline_s: float = 600.0, service_args: tuple[str, ...] = (),
+              pinned: bool = True) -> dict:
     """The honest session quiet, then beside `attackers` of `shape`; the service's memory after."""
     from benchmarks.session_wave import MIB, PROMPTS, Service, hello_for, reference_continuations, wait_until_closed
     from local_draft.draft_model import DraftModel
 
-    service = Service(target, "llamacpp", max_sessions=32, pinned=True, extra_args=service_args)
-    report: dict = {"shape": shape, "attackers": attackers, "target": target.name}
+    service = Service(target, "llamacpp", max_sessions=32, pinned=pinned, extra_args=service_args)
+    report: dict = {"shape": shape, "attackers": attackers, "target": target.name, "pinned": pinned,
+                    "service_args": list(service_args)}
     try:
         tokenizer = DraftModel(draft_path, n_ctx=2048, n_threads=1)
         hello = encode(hello_for(tokenizer))
@@ -350,7 +352,9 @@ def print_shape(report: dict) -> None:
     what = (f"{report['attackers']} Sync-thrashing clients ({report['history_tokens']}-token histories)"
             if report["shape"] == "sync-thrash" else
             f"{report['attackers']} churning clients ({report['churn_sessions']} sessions each, opened and closed)")
-    print(f"{report['target']}: one honest session (k = 4) quiet, then beside {what}")
+    where = "the service pinned to one CPU" if report["pinned"] else "nothing pinned (as the README starts it)"
+    flags = f", serve {' '.join(report['service_args'])}" if report["service_args"] else ""
+    print(f"{report['target']}: one honest session (k = 4) quiet, then beside {what}; {where}{flags}")
     print("honest round trip          p50 ms   p99 ms   worst ms   rounds   mismatches   queued p50 / p99 ms"
           "   outside the service p50 / p99 ms")
     for name in ("quiet", "attacked"):
@@ -391,6 +395,9 @@ def main() -> None:
     parser.add_argument("--attackers", type=int, default=4, help="connections sending the 1 MiB frame")
     parser.add_argument("--memory-connections", type=int, default=32,
                         help=f"connections each pipelining {PIPELINED} million-token Syncs")
+    parser.add_argument("--pin", choices=["both", "one", "none"], default="both",
+                        help="sync-thrash and pool-churn: the service pinned to one CPU (a steadier measure), "
+                             "not pinned (as users start it), or both, one after the other (default)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.shape != "frames":
@@ -402,11 +409,15 @@ def main() -> None:
 
                 tiny = build_tiny_models(Path(folder), seed=0)
                 target, draft = tiny.target_gguf, tiny.draft
-            report = run_shape(args.shape, target, draft, args.attackers, args.rounds, args.churn_sessions,
-                               deadline_s=args.deadline, service_args=tuple(args.service_args))
-        print(json.dumps(report, indent=1) if args.json else "", end="\n" if args.json else "")
-        if not args.json:
-            print_shape(report)
+            pinnings = {"both": (True, False), "one": (True,), "none": (False,)}[args.pin]
+            reports = [run_shape(args.shape, target, draft, args.attackers, args.rounds, args.churn_sessions,
+                                 deadline_s=args.deadline, service_args=tuple(args.service_args), pinned=pinned)
+                       for pinned in pinnings]
+        if args.json:
+            print(json.dumps(reports, indent=1))
+        else:
+            for report in reports:
+                print_shape(report)
         return
     with tempfile.TemporaryDirectory() as folder:
         from models.tiny import build_tiny_models

@@ -14,7 +14,12 @@ What drafting can buy is bounded by two measured costs, with a a the acceptance 
 and, on one machine, a third: the drafter takes cores the service's passes need. Each frame
 says how long its pass took; divided by what the curve gives a pass of its size, that is the
 service's slowdown, measured apart while the drafter works and while it rests, and their
-ratio (`interference`, 1 where the service runs elsewhere) prices every drafting pass.
+ratio (`interference`, 1 where the service runs elsewhere) prices every drafting pass. Until
+both are measured, a drafter on the service's machine is priced by the cores it takes: a
+drafter working d of the n physical cores leaves the service's passes n - d of them, so they
+take n / (n - d) as long (two cores, one drafting thread: 2; measured here with the default
+pair, 2.4). Without that first guess, a fresh state on a small CPU machine spent its first
+reply on a probe that could only lose (0.76x the stream's rate).
 `possible_gain` is the best rate those allow over the stream's own, and where it is below 1
 (a CPU target whose pass costs grow with every token, a drafter slower than a target step)
 the drafter never starts. Where a remote service's curve makes it large (CLEAR_GAIN: a GPU,
@@ -59,6 +64,7 @@ MARGIN = 1.02  # drafting must be this much faster to be kept (its measurements 
 CLEAR_GAIN = 2.0  # a remote service whose costs allow this much drafts without measuring
 LIKELY = 0.15  # guesses whose chance of being reached and right is below this are not made
 MAX_SPAN = 32
+MOST_CORES_TAKEN = 0.25  # a drafter with as many threads as cores still leaves the service a share
 
 
 class Decayed(DecayedMean):
@@ -74,6 +80,7 @@ class StreamController:
     # stream's expected position (the user asked for it: `--k N`); 0: never
     max_block: int | None = None
     colocated: bool = True  # the service computes on this machine's cores (a loopback address)
+    drafter_share: float = 0.0  # colocated: the share of the machine's physical cores the drafter works on
     drafting: bool = False  # the decision in force
     rest_tokens: int = 0  # tokens to rest before the next probe (0: probe as soon as drafting may pay)
 
@@ -132,9 +139,14 @@ class StreamController:
 
     @property
     def interference(self) -> float:
-        """How much slower the service's passes run while the drafter works (1: not measured, or no slower)."""
+        """How much slower the service's passes run while the drafter works: as measured, else as
+        the cores the drafter takes from a service on its machine imply (1: none, or no slower)."""
         drafting, resting = self._slowdown[True].value, self._slowdown[False].value
-        return max(1.0, drafting / resting) if drafting and resting else 1.0
+        if drafting and resting:
+            return max(1.0, drafting / resting)
+        if not self.colocated:
+            return 1.0
+        return 1.0 / max(1.0 - self.drafter_share, MOST_CORES_TAKEN)
 
     def possible_gain(self, acceptance: float | None = None) -> float:
         """The best rate drafting allows over the stream's own, from the costs (see above);

@@ -47,6 +47,7 @@ from local_draft.stream_controller import StreamController
 from local_draft.verify_client import ServiceUnreachable, VerifyClient, VerifyError
 from wire.protocol import Cancel, Draft, Generate, Generated, SamplingParams, Sync
 from wire.randomness import DecisionRandomness, draft_generator, fresh_seed
+from wire.threads import physical_cores
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +173,7 @@ class StreamSpeculator:
         sent0, received0 = client.bytes_sent, client.bytes_received
         self.controller.curve = client.welcome.pass_costs
         self.controller.colocated = client.on_this_machine if self.colocated is None else self.colocated
+        self.controller.drafter_share = self._drafter_share() if self.controller.colocated else 0.0
         self.controller.new_reply()
         can_draft = "drafts" in client.welcome.capabilities and (self.draft is not None or self.ngram is not None)
         # Beside a service on this machine the drafter reads nothing during the prompt's pass: it
@@ -399,6 +401,13 @@ class StreamSpeculator:
         return "more" if len(new) < max_tokens else "max_tokens"
 
     # ---- the connection -----------------------------------------------------------------
+
+    def _drafter_share(self) -> float:
+        """The share of this machine's physical cores the drafter works on (the n-gram drafter's
+        lookups take next to nothing)."""
+        if self.draft is None or self.drafting == "ngram":
+            return 0.0
+        return min(1.0, self.draft.n_threads / physical_cores())
 
     def _use(self, client: VerifyClient) -> None:
         """A new connection is a new, empty session."""

@@ -62,6 +62,7 @@ from typing import Any, Callable, Hashable
 import numpy as np
 
 from remote_verify.backends.target import Pass, run_passes
+from remote_verify.device_priority import lower_this_thread
 from remote_verify.pass_costs import PassCosts
 from remote_verify.stream_drafts import PassSoFar
 from wire.cost_curve import interpolate
@@ -181,11 +182,13 @@ class QueueClosed(RuntimeError):
 
 
 class DeviceQueue:
-    def __init__(self, name: str = "target", batch_tokens: int = BATCH_TOKENS, costs: PassCosts | None = None):
+    def __init__(self, name: str = "target", batch_tokens: int = BATCH_TOKENS, costs: PassCosts | None = None,
+                 nice: int = 0):
         if batch_tokens < 0:
             raise ValueError(f"batch_tokens must be 0 (no shared passes) or more, got {batch_tokens}")
         self.name = name
         self.batch_tokens = batch_tokens
+        self.nice = nice  # the worker thread yields the CPU this much to the event loop (device_priority.py)
         self.passes = 0  # forward passes run for Shareable items (shared or alone)
         self.shared_items = 0  # Shareable items run, in all
         self.costs = costs if costs is not None else PassCosts()
@@ -444,6 +447,7 @@ class DeviceQueue:
             return 1
 
     def _serve(self) -> None:
+        lower_this_thread(self.nice)  # before the first item: the model loads here, its threads inherit it
         while (items := self._next()) is not None:
             if len(items) == 1 and not isinstance(items[0].work, Shareable):
                 self._run_alone(items[0])

@@ -92,6 +92,7 @@ class ServiceConfig:
     service_limits: ServiceLimits = ServiceLimits()  # per service and connection
     batch_tokens: int = BATCH_TOKENS  # budget of a forward pass shared by sessions; 0: one session a pass
     public_metrics: bool = False  # /metrics without the token (a scraper inside the cluster); else behind it
+    device_nice: int = 0  # the device thread's niceness over the event loop's (remote_verify/device_priority.py)
 
 
 class TargetLoadError(RuntimeError):
@@ -116,7 +117,7 @@ class VerifyService:
         self.state = "loading"  # then "ready", then "draining"
         self.port: int | None = None  # once listening
         self.metrics = ServiceMetrics()
-        self.queue = DeviceQueue("target", config.batch_tokens)  # one per device
+        self.queue = DeviceQueue("target", config.batch_tokens, nice=config.device_nice)  # one per device
         self.metrics.queue_depth.set_function(lambda: self.queue.depth)
         self.metrics.target_passes.set_function(lambda: self.queue.passes)
         self.metrics.pass_members.set_function(lambda: self.queue.shared_items)

@@ -119,6 +119,27 @@ def test_a_drafter_that_slows_the_service_on_its_machine_stops_being_worth_a_pro
     assert controller.drafting  # then one probe, in case the machine has changed
 
 
+def test_a_fresh_drafter_is_priced_by_the_cores_it_takes_from_a_service_on_its_machine():
+    """Before anything is measured: one drafting thread of two cores leaves the service's passes
+    half the machine (they take twice as long), so blocks cheaper per token than steps are not
+    worth a probe; of sixteen cores it takes little, and a probe is worth making. Measured
+    slowdowns replace the first guess."""
+    two_cores = StreamController(curve=CPU_BLOCKS, drafter_share=0.5)
+    assert two_cores.interference == pytest.approx(2.0) and two_cores.possible_gain(0.9) == 1.0  # no gain
+    for _ in range(200):
+        two_cores.observe_frame(1, 0.060, False, forward_s=0.060, pass_tokens=1)
+    assert not two_cores.drafting
+    sixteen = StreamController(curve=CPU_BLOCKS, drafter_share=1 / 16)
+    assert sixteen.interference == pytest.approx(16 / 15) and sixteen.possible_gain(0.9) > 1.1
+    frames(sixteen, MIN_FRAMES, 1, 0.060)
+    assert sixteen.drafting
+    elsewhere = StreamController(curve=CPU_BLOCKS, colocated=False, drafter_share=0.5)
+    assert elsewhere.interference == 1.0
+    measured = StreamController(curve=CPU_BLOCKS, drafter_share=0.5)
+    measured.restore({**measured.state(), "slowdown_drafting": [1.1, 1.0], "slowdown_resting": [1.0, 1.0]})
+    assert measured.interference == pytest.approx(1.1)
+
+
 @pytest.mark.parametrize("curve", [
     [PassCost(tokens=1, ms=5.0), PassCost(tokens=2, ms=5.5), PassCost(tokens=2, ms=9.0)],  # a size twice
     [PassCost(tokens=0, ms=5.0), PassCost(tokens=-4, ms=1.0), PassCost(tokens=3, ms=6.0)],  # no such sizes

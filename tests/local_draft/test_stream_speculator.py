@@ -167,3 +167,28 @@ def test_the_drafter_rests_where_the_service_cannot_gain(service_on, close_draft
     client.close()
     assert result.stats.ahead_drafted == 0 and result.stats.drafted == 0
     assert len(result.token_ids) == MAX_TOKENS
+
+
+@pytest.mark.parametrize("colocated", [True, False], ids=["same-machine", "elsewhere"])
+def test_a_fresh_drafter_beside_a_cpu_service_on_its_cores_does_not_probe(service_on, close_draft, monkeypatch,
+                                                                          colocated):
+    """A fresh state, a curve whose blocks are cheaper per token than steps (a CPU service's): a
+    drafter working every core of the service's machine would leave its passes a quarter of them,
+    so it never starts; the same drafter beside a service elsewhere probes (the gain is measured).
+    The drafter's thread count is set here, not its llama.cpp threads: the price reads only it."""
+    from wire.protocol import PassCost
+    from wire.threads import physical_cores
+
+    monkeypatch.setattr(close_draft, "n_threads", physical_cores())
+    client = VerifyClient(service_on("llamacpp").url, hello_for(close_draft))
+    client.welcome.pass_costs = [PassCost(tokens=n, ms=60.0 + 35.0 * (n - 1)) for n in (1, 2, 4, 8, 16, 32)]
+    speculator = StreamSpeculator(close_draft, client, SamplingParams(), colocated=colocated)
+    result = speculator.generate(close_draft.tokenize("def quicksort(arr):"), MAX_TOKENS)
+    client.close()
+    assert len(result.token_ids) == MAX_TOKENS
+    if colocated:
+        assert speculator.controller.drafter_share == 1.0 and speculator.controller.interference == 4.0
+        assert result.stats.ahead_drafted == 0
+    else:
+        assert speculator.controller.drafter_share == 0.0
+        assert result.stats.ahead_drafted > 0  # a probe (its passes' slowdown is measured from then on)
