@@ -19,7 +19,6 @@ from app.model_paths import resolve_model
 from app.token_file import read_token_file, read_token_line
 from app.threads_flags import add_service_threads_argument
 from app.user_error import UserError
-from remote_verify.device_priority import check_device_nice
 from wire.limits import BATCH_TOKENS, ServiceLimits
 
 log = logging.getLogger(__name__)
@@ -79,6 +78,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _device_nice_flag(text: str) -> int:
     """--device-nice, for argparse: a whole number from 0 to 19, or argparse's error saying why not."""
+    from remote_verify.device_priority import check_device_nice  # the service's side: not loaded by clients
+
     try:
         return check_device_nice(int(text))
     except ValueError as exc:

@@ -47,12 +47,16 @@ def _generate(tiny_dir: Path, url: str, draft: str, *extra: str) -> dict:
 
 
 def test_generate_with_and_without_drafting_gives_the_same_tokens(tiny_dir, served):
-    """--k 0 and --k 4 agree token for token; the close drafter is accepted often."""
+    """--k 0 and --k 4 agree token for token, in the default mode and in rounds; the close drafter
+    is accepted often. Its acceptance is read in rounds, where every block of 4 is verified: in the
+    default mode the tiny target (about 1 ms a pass) outruns the drafter's guesses by a share that
+    depends on the machine (0.59 in one full run)."""
     _, url = served
     alone = _generate(tiny_dir, url, "draft.gguf", "--k", "0")
-    hybrid = _generate(tiny_dir, url, "draft.gguf", "--k", "4")
-    far = _generate(tiny_dir, url, "draft-far.gguf", "--k", "4")
-    assert hybrid["token_ids"] == alone["token_ids"] == far["token_ids"]
+    streamed = _generate(tiny_dir, url, "draft.gguf", "--k", "4")
+    hybrid = _generate(tiny_dir, url, "draft.gguf", "--k", "4", "--mode", "rounds")
+    far = _generate(tiny_dir, url, "draft-far.gguf", "--k", "4", "--mode", "rounds")
+    assert streamed["token_ids"] == hybrid["token_ids"] == alone["token_ids"] == far["token_ids"]
     assert len(alone["token_ids"]) == 64 and alone["stop_reason"] == "max_tokens"
     assert hybrid["stats"]["acceptance_rate"] >= 0.6
     assert hybrid["stats"]["tokens_per_round"] > 1.5
