@@ -98,7 +98,7 @@ class StreamSpeculator:
         self.randomness = DecisionRandomness(self.seed)
         self.rng = draft_generator(self.seed)  # offline tokens only
         self.controller = StreamController(max_block=max_block)
-        self._share_of_cores = self._drafter_share()  # read once: the cores' topology is read from sysfs
+        self._share_of_cores: float | None = None  # read once, when a service shares this machine (from sysfs)
         self.controller.new_reply()
         self.stats = GenerationStats()
         self._client: VerifyClient | None = None  # the connection _service_history refers to
@@ -174,7 +174,7 @@ class StreamSpeculator:
         sent0, received0 = client.bytes_sent, client.bytes_received
         self.controller.curve = client.welcome.pass_costs
         self.controller.colocated = client.on_this_machine if self.colocated is None else self.colocated
-        self.controller.drafter_share = self._share_of_cores if self.controller.colocated else 0.0
+        self.controller.drafter_share = self._drafter_share() if self.controller.colocated else 0.0
         self.controller.new_reply()
         can_draft = "drafts" in client.welcome.capabilities and (self.draft is not None or self.ngram is not None)
         # Beside a service on this machine the drafter reads nothing during the prompt's pass: it
@@ -406,9 +406,12 @@ class StreamSpeculator:
     def _drafter_share(self) -> float:
         """The share of this machine's physical cores the drafter works on (the n-gram drafter's
         lookups take next to nothing)."""
-        if self.draft is None or self.drafting == "ngram":
-            return 0.0
-        return min(1.0, self.draft.n_threads / physical_cores())
+        if self._share_of_cores is None:
+            if self.draft is None or self.drafting == "ngram":
+                self._share_of_cores = 0.0
+            else:
+                self._share_of_cores = min(1.0, self.draft.n_threads / physical_cores())
+        return self._share_of_cores
 
     def _use(self, client: VerifyClient) -> None:
         """A new connection is a new, empty session."""

@@ -149,6 +149,7 @@ def test_the_capacity_benchmark_writes_labelled_records(tiny, tiny_recording, tm
     for record in records:
         assert {"users", "mode", "aggregate_tok_s", "user_p50_tok_s", "users_at_20_tok_s", "emulated"} <= set(record)
         assert record["emulated"].startswith("a100-qwen2.5-1.5b") and record["differing"] == 0, record
+        assert record["errors"] == [], record  # a user that failed counts no tokens: say why
         assert record["aggregate_tok_s"] > 0
     listed = subprocess.run([sys.executable, "-m", "benchmarks.load", "--emulate", "list"], capture_output=True,
                             text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
