@@ -20,6 +20,7 @@ import pytest
 from local_draft.speculator import Speculator
 from local_draft.verify_client import VerifyClient
 from tests.conftest import hello_for
+from tests.forked_seeds import map_seeds, service_here
 from tests.local_draft.test_sampling_exactness import Tally
 from tests.statistics import ALPHA, detectable_shift
 from wire.protocol import SamplingParams
@@ -148,20 +149,27 @@ def test_sampled_ngram_and_mixed_drafts_follow_the_target(llamacpp_service, clos
     tally = Tally(service, close_draft, NGRAM_PARAMS, 3, prompt=prompt)
     power = detectable_shift(tally.exact, NGRAM_SAMPLES)
     assert power <= NGRAM_POWER, power
-    client = VerifyClient(service.url, hello_for(close_draft, NGRAM_PARAMS, seed=1))
     draft = None if drafting == "ngram" else close_draft
     k, pipeline, max_k = (2, False, 16) if drafting == "ngram" else (None, True, 2)
     start = 7_000_000 if drafting == "ngram" else 8_000_000  # seeds no other case uses
+
+    def generations(seeds: range) -> list:
+        with service_here(service) as url:
+            client = VerifyClient(url, hello_for(close_draft, NGRAM_PARAMS, seed=1))
+            made = []
+            for seed in seeds:
+                speculator = Speculator(draft, client, NGRAM_PARAMS, k=k, seed=seed, pipeline=pipeline,
+                                        max_k=max_k, drafting=drafting, end_ids=close_draft.end_ids)
+                speculator.reseed(seed)
+                made.append(speculator.generate(prompt, 4))
+            client.close()
+        return made
+
     ngram = model = 0
-    for seed in range(start, start + NGRAM_SAMPLES):
-        speculator = Speculator(draft, client, NGRAM_PARAMS, k=k, seed=seed, pipeline=pipeline, max_k=max_k,
-                                drafting=drafting, end_ids=close_draft.end_ids)
-        speculator.reseed(seed)
-        result = speculator.generate(prompt, 4)
+    for result in map_seeds(generations, range(start, start + NGRAM_SAMPLES)):
         tally.add(result)
         ngram += result.stats.by_source["ngram"].drafted if "ngram" in result.stats.by_source else 0
         model += result.stats.by_source["model"].drafted if "model" in result.stats.by_source else 0
-    client.close()
     pvalue = tally.pvalue()
     print(f"{drafting}: p = {pvalue:.4f} (catches a {power:.3f} shift 90% of the time), "
           f"ngram drafted {ngram}, model drafted {model}, "

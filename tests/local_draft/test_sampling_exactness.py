@@ -45,6 +45,7 @@ from local_draft.verify_client import VerifyClient
 from wire.protocol import SamplingParams
 from wire.sampling import warp
 from tests.conftest import hello_for
+from tests.forked_seeds import map_seeds, service_here
 from tests.statistics import ALPHA, SAMPLES, chi_square_pvalue, detectable_shift
 
 PROMPT_TEXT = "The"
@@ -114,14 +115,22 @@ def test_speculative_samples_follow_the_target_distribution(request, service_on,
     service = service_on(kind)
     draft = request.getfixturevalue(drafter)
     tally = Tally(service, draft, params, n_tokens)
-    client = VerifyClient(service.url, hello_for(draft, params, seed=1234))
-    speculator = Speculator(draft, client, params, k=k, seed=1234, pipeline=pipeline)
     # one more token than tested, so that a round drafted ahead decides the last tested one
     max_tokens = n_tokens + 1 if pipeline else k + 1
-    for seed in range(CASE_SEEDS[kind], CASE_SEEDS[kind] + SAMPLES):
-        speculator.reseed(seed)  # a seed decides a generation: each sample gets its own
-        tally.add(speculator.generate(tally.prompt, max_tokens))
-    client.close()
+
+    def generations(seeds: range) -> list:
+        with service_here(service) as url:
+            client = VerifyClient(url, hello_for(draft, params, seed=1234))
+            speculator = Speculator(draft, client, params, k=k, seed=1234, pipeline=pipeline)
+            made = []
+            for seed in seeds:
+                speculator.reseed(seed)  # a seed decides a generation: each sample gets its own
+                made.append(speculator.generate(tally.prompt, max_tokens))
+            client.close()
+        return made
+
+    for result in map_seeds(generations, range(CASE_SEEDS[kind], CASE_SEEDS[kind] + SAMPLES)):
+        tally.add(result)
     assert tally.pvalue() > ALPHA
     rate = tally.accepted / tally.drafted  # the paths this case is meant to exercise were taken
     assert rate < 0.05 if drafter == "far_draft" else 0.3 < rate < 0.95, rate
@@ -145,12 +154,20 @@ def test_target_mass_the_draft_never_proposes_is_reached(service_on, far_draft):
     _, [q] = far_draft.propose(tally.prompt, 1, OUTSIDE_SUPPORT, np.random.default_rng(0))  # what is sent
     p = warp(service.backend.forward(service.backend.new_cache(), tally.prompt, n_logits=1)[0], OUTSIDE_SUPPORT)
     assert np.delete(p, q.ids).sum() > 0.5  # the case is what it claims to be
-    client = VerifyClient(service.url, hello_for(far_draft, OUTSIDE_SUPPORT))
-    speculator = Speculator(far_draft, client, OUTSIDE_SUPPORT, k=1)
-    for seed in range(1_000_000, 1_000_000 + OUTSIDE_SAMPLES):
-        speculator.reseed(seed)
-        tally.add(speculator.generate(tally.prompt, 2))
-    client.close()
+
+    def generations(seeds: range) -> list:
+        with service_here(service) as url:
+            client = VerifyClient(url, hello_for(far_draft, OUTSIDE_SUPPORT))
+            speculator = Speculator(far_draft, client, OUTSIDE_SUPPORT, k=1)
+            made = []
+            for seed in seeds:
+                speculator.reseed(seed)
+                made.append(speculator.generate(tally.prompt, 2))
+            client.close()
+        return made
+
+    for result in map_seeds(generations, range(1_000_000, 1_000_000 + OUTSIDE_SAMPLES)):
+        tally.add(result)
     assert tally.pvalue() > ALPHA
 
 
@@ -167,15 +184,22 @@ def test_a_whole_block_and_its_bonus_follow_the_target(service_on, close_draft):
     first three tokens (two drafted, the bonus or a correction) is the target's."""
     service = service_on("torch")
     tally = Tally(service, close_draft, BLOCK, 3)
-    client = VerifyClient(service.url, hello_for(close_draft, BLOCK))
-    speculator = Speculator(close_draft, client, BLOCK, k=2)
+
+    def generations(seeds: range) -> list:
+        with service_here(service) as url:
+            client = VerifyClient(url, hello_for(close_draft, BLOCK))
+            speculator = Speculator(close_draft, client, BLOCK, k=2)
+            made = []
+            for seed in seeds:
+                speculator.reseed(seed)
+                made.append(speculator.generate(tally.prompt, 3))
+            client.close()
+        return made
+
     bonus = 0
-    for seed in range(2_000_000, 2_000_000 + BLOCK_SAMPLES):
-        speculator.reseed(seed)
-        result = speculator.generate(tally.prompt, 3)
+    for result in map_seeds(generations, range(2_000_000, 2_000_000 + BLOCK_SAMPLES)):
         bonus += result.stats.accepted_per_position[1] if len(result.stats.accepted_per_position) > 1 else 0
         tally.add(result)
-    client.close()
     assert tally.pvalue() > ALPHA
     assert bonus > 0.4 * BLOCK_SAMPLES, bonus  # the bonus token was drawn in most generations
 
@@ -194,23 +218,35 @@ def test_adaptive_k_drafting_ahead_and_reconnecting_follow_the_target(service_on
     round: the first four tokens still fit the target's joint distribution."""
     service = service_on("onnx")
     tally = Tally(service, close_draft, BLOCK, 4)
-    link = ServiceLink(service.url, hello_for(close_draft, BLOCK))
-    rounds = 0
 
-    def reconnect_after_the_first_round(tokens: list[int], provenance: list[str]) -> None:
-        nonlocal rounds
-        rounds += 1
-        if rounds == 1:
-            link.current().close()  # the next round finds it closed and opens a new session
+    def generations(seeds: range) -> list:
+        with service_here(service) as url:
+            link = ServiceLink(url, hello_for(close_draft, BLOCK))
+            rounds = 0
 
-    for seed in range(3_000_000, 3_000_000 + ADAPTIVE_SAMPLES):
-        speculator = Speculator(close_draft, link, BLOCK, k=None, pipeline=True, max_k=2)
-        speculator.reseed(seed)
-        rounds = 0
-        tally.add(speculator.generate(tally.prompt, 5, reconnect_after_the_first_round))
-    link.close()
+            def reconnect_after_the_first_round(tokens: list[int], provenance: list[str]) -> None:
+                nonlocal rounds
+                rounds += 1
+                if rounds == 1:
+                    link.current().close()  # the next round finds it closed and opens a new session
+
+            made = []
+            for seed in seeds:
+                speculator = Speculator(close_draft, link, BLOCK, k=None, pipeline=True, max_k=2)
+                speculator.reseed(seed)
+                rounds = 0
+                before = link.connections
+                made.append((speculator.generate(tally.prompt, 5, reconnect_after_the_first_round),
+                             link.connections - before))
+            link.close()
+        return made
+
+    reconnects = 0
+    for result, opened in map_seeds(generations, range(3_000_000, 3_000_000 + ADAPTIVE_SAMPLES)):
+        tally.add(result)
+        reconnects += opened
     assert tally.pvalue() > ALPHA
-    assert link.connections > 0.9 * ADAPTIVE_SAMPLES  # nearly every generation went on on a new session
+    assert reconnects > 0.9 * ADAPTIVE_SAMPLES  # nearly every generation went on on a new session
     assert tally.ahead_used > 0.3 * ADAPTIVE_SAMPLES, tally.ahead_used
 
 
@@ -235,9 +271,9 @@ SEEDED_FIRST_TOKEN_POWER = 0.010
 SEEDED_CLI_SEEDS = 16  # seeds run through `specwire generate` itself
 
 
-def _seeded_speculator(service, draft) -> tuple[VerifyClient, Speculator]:
+def _seeded_speculator(url: str, draft) -> tuple[VerifyClient, Speculator]:
     """One session for many seeds, as the seeded case re-keys it (`reseed` before each generation)."""
-    client = VerifyClient(service.url, hello_for(draft, SEEDED))
+    client = VerifyClient(url, hello_for(draft, SEEDED))
     return client, Speculator(draft, client, SEEDED, k=SEEDED_K, pipeline=False)
 
 
@@ -248,13 +284,20 @@ def test_seeded_generations_follow_the_target(service_on, close_draft):
     first = Tally(service, close_draft, SEEDED, 1)
     pair = Tally(service, close_draft, SEEDED, 2)
     assert detectable_shift(first.exact, SAMPLES) <= SEEDED_FIRST_TOKEN_POWER  # the power it claims
-    client, speculator = _seeded_speculator(service, close_draft)
-    for seed in SEEDED_SEEDS:
-        speculator.reseed(seed)
-        result = speculator.generate(first.prompt, SEEDED_MAX_TOKENS)
+
+    def generations(seeds: range) -> list:
+        with service_here(service) as url:
+            client, speculator = _seeded_speculator(url, close_draft)
+            made = []
+            for seed in seeds:
+                speculator.reseed(seed)
+                made.append(speculator.generate(first.prompt, SEEDED_MAX_TOKENS))
+            client.close()
+        return made
+
+    for result in map_seeds(generations, SEEDED_SEEDS):
         first.add(result)
         pair.add(result)
-    client.close()
     assert first.pvalue() > ALPHA, first.pvalue()
     assert pair.pvalue() > ALPHA, pair.pvalue()
     rate = pair.accepted / pair.drafted  # drafts were accepted, and rejected, at every position
@@ -266,7 +309,7 @@ def test_the_seeded_command_makes_what_a_reseeded_session_makes(service_on, clos
     seeded case's session re-keyed with S makes, for its first SEEDED_CLI_SEEDS seeds: its statistics
     are the command's."""
     service = service_on("torch")
-    client, speculator = _seeded_speculator(service, close_draft)
+    client, speculator = _seeded_speculator(service.url, close_draft)
     prompt = close_draft.tokenize(PROMPT_TEXT)
     for seed in SEEDED_SEEDS[:SEEDED_CLI_SEEDS]:
         done = subprocess.run(

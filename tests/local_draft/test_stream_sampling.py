@@ -34,6 +34,7 @@ from remote_verify import session as session_module
 from remote_verify.session import Session
 from wire.protocol import SamplingParams
 from tests.conftest import hello_for
+from tests.forked_seeds import map_seeds, service_here
 from tests.local_draft.test_sampling_exactness import PROMPT_TEXT, SPECWIRE, Tally
 from tests.statistics import ALPHA, detectable_shift
 
@@ -54,16 +55,25 @@ def _tally(service, draft, samples: int, first_seed: int) -> tuple[Tally, int]:
     pass runs: the second token, decided by the next pass, is a kept guess when the guess for
     the first was right and the one for the second arrived in time and was right (about 30%)."""
     tally = Tally(service, draft, PARAMS, TOKENS)
-    client = VerifyClient(service.url, hello_for(draft, PARAMS, seed=first_seed))
-    speculator = StreamSpeculator(draft, client, PARAMS, seed=first_seed, max_block=4, colocated=False)
+
+    def generations(seeds: range) -> list:
+        with service_here(service) as url:
+            client = VerifyClient(url, hello_for(draft, PARAMS, seed=first_seed))
+            speculator = StreamSpeculator(draft, client, PARAMS, seed=first_seed, max_block=4, colocated=False)
+            made = []
+            for seed in seeds:
+                speculator.reseed(seed)
+                marks: list[str] = []
+                result = speculator.generate(tally.prompt, TOKENS + 1,
+                                             lambda tokens, provenance: marks.extend(provenance))
+                made.append((result, marks[1] == "draft"))
+            client.close()
+        return made
+
     kept = 0
-    for seed in range(first_seed, first_seed + samples):
-        speculator.reseed(seed)
-        marks: list[str] = []
-        result = speculator.generate(tally.prompt, TOKENS + 1, lambda tokens, provenance: marks.extend(provenance))
-        kept += marks[1] == "draft"
+    for result, kept_guess in map_seeds(generations, range(first_seed, first_seed + samples)):
+        kept += kept_guess
         tally.add(result)
-    client.close()
     return tally, kept
 
 
@@ -140,14 +150,21 @@ def _command_tallies(service, draft, seeds: range) -> tuple[Tally, Tally]:
     """The first token, and the first two, of a default-mode generation for each seed, on one
     session re-keyed per seed, as the command's StreamSpeculator makes them."""
     first, pair = Tally(service, draft, PARAMS, 1), Tally(service, draft, PARAMS, 2)
-    client = VerifyClient(service.url, hello_for(draft, PARAMS, seed=seeds[0]))
-    speculator = StreamSpeculator(draft, client, PARAMS, seed=seeds[0], end_ids=draft.end_ids)
-    for seed in seeds:
-        speculator.reseed(seed)
-        result = speculator.generate(first.prompt, TOKENS)
+
+    def generations(share: range) -> list:
+        with service_here(service) as url:
+            client = VerifyClient(url, hello_for(draft, PARAMS, seed=share[0]))
+            speculator = StreamSpeculator(draft, client, PARAMS, seed=share[0], end_ids=draft.end_ids)
+            made = []
+            for seed in share:
+                speculator.reseed(seed)
+                made.append(speculator.generate(first.prompt, TOKENS))
+            client.close()
+        return made
+
+    for result in map_seeds(generations, seeds):
         first.add(result)
         pair.add(result)
-    client.close()
     return first, pair
 
 

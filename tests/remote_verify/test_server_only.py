@@ -17,6 +17,7 @@ from wire.protocol import (
 )
 from wire.sampling import warp
 from tests.conftest import hello_for
+from tests.forked_seeds import map_seeds, service_here
 from tests.local_draft.test_fallback import FAST_BACKOFF, start_service, target_alone
 from tests.statistics import ALPHA, chi_square_pvalue
 
@@ -84,13 +85,21 @@ def test_sampled_server_only_tokens_follow_the_target_distribution(service_on, c
     params = SamplingParams(temperature=1.0, top_k=8)
     prompt = close_draft.tokenize("The")
     exact = warp(service.backend.forward(service.backend.new_cache(), prompt, n_logits=1)[0], params)
-    client = VerifyClient(service.url, hello_for(close_draft, params, seed=7))
-    streamed = ServerOnlyGenerator(client, close_draft.end_ids)
+
+    def first_tokens(seeds: range) -> list[int]:
+        with service_here(service) as url:
+            client = VerifyClient(url, hello_for(close_draft, params, seed=7))
+            streamed = ServerOnlyGenerator(client, close_draft.end_ids)
+            made = []
+            for seed in seeds:
+                streamed.reseed(seed)  # a seed decides the token: each sample gets its own
+                made.append(streamed.generate(prompt, 1).token_ids[0])
+            client.close()
+        return made
+
     counts = np.zeros_like(exact, dtype=np.int64)
-    for seed in range(STREAM_SAMPLES):
-        streamed.reseed(seed)  # a seed decides the token: each sample gets its own
-        counts[streamed.generate(prompt, 1).token_ids[0]] += 1
-    client.close()
+    for token in map_seeds(first_tokens, range(STREAM_SAMPLES)):
+        counts[token] += 1
     assert chi_square_pvalue(counts, exact) > ALPHA
 
 
