@@ -1,10 +1,12 @@
 """The default pair, for real: greedy speculative output equals the target alone.
 
-Four prompts of the benchmark's set (two code completions, a code question in chat form,
-prose), 96 new tokens each, through a real service: the service generating alone
-(`--mode server`) against k = 4, k = 8 and the default mode (adaptive k, drafting ahead).
-(All ten prompts run in `specwire bench`, whose table counts the prompts where each mode
-gave server-only's tokens.)
+Three prompts of the benchmark's set, 96 new tokens each, through a real service: the service
+generating alone (`--mode server`) against one speculative path per prompt, each path on the
+text only the real pair makes: k = 4 on a code completion (whose acceptance is checked too),
+k = 8 on a code question in chat form (the real chat template; blocks of 9 on the real
+quantized kernels), and adaptive k drafting ahead on prose. The tiny pair runs every path on
+every prompt shape in tests/local_draft/test_parity.py; all ten prompts and every mode run in
+`specwire bench`, whose table counts the prompts where each mode gave server-only's tokens.
 
 On llama.cpp (the default on a CPU) the service verifies with batch-invariant kernels, so a
 block scores with the bits of its tokens decoded one at a time and the outputs must be
@@ -38,6 +40,9 @@ log = logging.getLogger(__name__)
 NEAR_TIE_LOGITS = {"torch": 0.01, "llamacpp": 0.0}  # 0: no divergence is excused
 MAX_TOKENS = 96
 MODES = {"k=4": dict(k=4), "k=8": dict(k=8), "auto": dict(k=None, pipeline=True)}
+# one prompt per path: (prompt kind, prompt, mode)
+PARITY_RUNS = [("code", PROMPTS["code"][0], "k=4"), ("chat", PROMPTS["chat"][0], "k=8"),
+               ("prose", PROMPTS["prose"][0], "auto")]
 
 
 @pytest.fixture(scope="module")
@@ -63,44 +68,35 @@ def _first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-PARITY_PROMPTS = {"code": PROMPTS["code"][:2], "chat": PROMPTS["chat"][:1], "prose": PROMPTS["prose"][:1]}
-
-
 def _check_parity(backend, draft: DraftModel, url: str, margin: float) -> dict:
-    totals = {}
-    for kind, prompts in PARITY_PROMPTS.items():
-        for prompt in prompts:
-            ids = draft.tokenize(prompt)
-            client = VerifyClient(url, hello_for(draft))
-            alone = ServerOnlyGenerator(client, draft.end_ids).generate(ids, MAX_TOKENS).token_ids
-            for mode, options in MODES.items():
-                result = Speculator(draft, client, SamplingParams(), **options).generate(ids, MAX_TOKENS)
-                hybrid = result.token_ids
-                at = _first_divergence(alone, hybrid)
-                if at is not None:
-                    logits = backend.forward(backend.new_cache(), ids + alone[:at], n_logits=1)[0]
-                    top2 = np.argsort(-logits)[:2]
-                    gap = float(logits[top2[0]] - logits[top2[1]])
-                    assert {alone[at], hybrid[at]} == set(top2.tolist()) and gap < margin, (
-                        f"{prompt!r}, {mode}: diverged from the service alone at token {at} "
-                        f"({hybrid[at]} vs {alone[at]}), top-2 logit gap {gap:.4f}")
-                    log.warning("%r, %s: near-tie at token %d (gap %.4f)", prompt, mode, at, gap)
-                if mode == "k=4":
-                    stats = result.stats
-                    kind_totals = totals.setdefault(kind, [0, 0, 0, 0])
-                    kind_totals[0] += stats.accepted
-                    kind_totals[1] += stats.drafted
-                    kind_totals[2] += stats.generated
-                    kind_totals[3] += stats.rounds
-            client.close()
-    return {kind: {"acceptance_rate": a / d, "tokens_per_round": g / r} for kind, (a, d, g, r) in totals.items()}
+    rates = {}
+    for kind, prompt, mode in PARITY_RUNS:
+        ids = draft.tokenize(prompt)
+        client = VerifyClient(url, hello_for(draft))
+        alone = ServerOnlyGenerator(client, draft.end_ids).generate(ids, MAX_TOKENS).token_ids
+        result = Speculator(draft, client, SamplingParams(), **MODES[mode]).generate(ids, MAX_TOKENS)
+        client.close()
+        hybrid = result.token_ids
+        at = _first_divergence(alone, hybrid)
+        if at is not None:
+            logits = backend.forward(backend.new_cache(), ids + alone[:at], n_logits=1)[0]
+            top2 = np.argsort(-logits)[:2]
+            gap = float(logits[top2[0]] - logits[top2[1]])
+            assert {alone[at], hybrid[at]} == set(top2.tolist()) and gap < margin, (
+                f"{prompt!r}, {mode}: diverged from the service alone at token {at} "
+                f"({hybrid[at]} vs {alone[at]}), top-2 logit gap {gap:.4f}")
+            log.warning("%r, %s: near-tie at token %d (gap %.4f)", prompt, mode, at, gap)
+        stats = result.stats
+        rates[kind] = {"mode": mode, "acceptance_rate": stats.accepted / max(stats.drafted, 1),
+                       "tokens_per_round": stats.generated / max(stats.rounds, 1)}
+    return rates
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("backend_name", ["llamacpp", pytest.param("torch", marks=pytest.mark.torch_real)])
 def test_default_pair_hybrid_equals_target_alone(pair_paths, real_draft, backend_name):
-    """Greedy, 96 tokens, 4 prompts: k = 4, k = 8 and the default mode give the service's own tokens."""
+    """Greedy, 96 tokens: k = 4, k = 8 and adaptive k drafting ahead, one prompt each, give the service's own tokens."""
     from remote_verify.backends.factory import load_backend
 
     backend = load_backend(backend_name, pair_paths["target"], device="cpu")
