@@ -36,6 +36,7 @@ from websockets.http11 import Request, Response
 from websockets.protocol import State
 
 from remote_verify.access import bearer_problem
+from remote_verify.backends import device_owner
 from remote_verify.backends.target import TargetBackend
 from remote_verify.client_gate import ClientGate
 from wire.service_proof import CHALLENGE_HEADER, MAX_CHALLENGE_CHARS, PROOF_HEADER, proof
@@ -110,6 +111,7 @@ class VerifyService:
         self.guard = config.service_limits
         self._loader: TargetLoader = (lambda: backend) if hasattr(backend, "forward") else backend
         self.backend: TargetBackend | None = None
+        self._claimed: TargetBackend | None = None  # the backend this service owns (device_owner.py), once loaded
         self.limits = config.limits  # capped by the model's own context once it is loaded
         self.frames = FrameReader(self.limits.max_context, self.limits.max_draft)  # rebuilt with the capped limits
         self.fingerprint = ""
@@ -169,6 +171,8 @@ class VerifyService:
         finally:
             # stopped while loading: do not wait minutes for a model nobody will use
             await loop.run_in_executor(None, partial(self.queue.shutdown, wait=self.state != "loading"))
+            if self._claimed is not None:  # its device thread has ended: another service may serve it
+                device_owner.release(self._claimed, self._owner_name())
 
     def stop(self) -> None:
         """Ask a running service to shut down; safe to call from any thread."""
@@ -180,6 +184,9 @@ class VerifyService:
         else:
             self._hurry.set()  # a second signal: stop waiting for rounds in flight
 
+    def _owner_name(self) -> str:
+        return f"the service on port {self.port}"
+
     def _url(self, port: int) -> str:
         host = self.config.host
         host = f"[{host}]" if ":" in host else host
@@ -189,6 +196,8 @@ class VerifyService:
         """Load the target on the device thread; False if asked to stop first."""
         def load():
             backend = self._loader()
+            device_owner.claim(backend, self._owner_name())  # before any cache of it is touched
+            self._claimed = backend
             fingerprint = vocab_fingerprint(backend.token_texts())
             self.queue.costs = costs_for(backend)  # the cost curve clients and streams price drafts with
             return backend, fingerprint, make_vocab_offer(backend, fingerprint)

@@ -28,8 +28,14 @@ def tiny(tmp_path_factory) -> TinyModels:
 
 @pytest.fixture(scope="session")
 def torch_target(tiny):
+    import torch
+
     from remote_verify.backends.torch_backend import TorchTarget
 
+    # torch's intra-op pool is process-wide and as wide as the cores: on a tiny model two
+    # OpenMP threads wait on each other while the drafter and the event loop hold the cores
+    # (a pass of 4 tokens took 27 to 42 ms with two threads on a busy machine, 4 to 8 ms with one).
+    torch.set_num_threads(TINY_THREADS)
     return TorchTarget(tiny.target, device="cpu")
 
 
@@ -38,6 +44,22 @@ def llamacpp_target(tiny):
     from remote_verify.backends.llamacpp_backend import LlamaCppTarget
 
     return LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=TINY_THREADS)
+
+
+@pytest.fixture
+def new_llamacpp_target(tiny):
+    """new_llamacpp_target(): another tiny target on llama.cpp (a few ms), for a service of a test's
+    own: a loaded backend is served by one service at a time (remote_verify/backends/device_owner.py),
+    and `llamacpp_target` is the session's `service_on("llamacpp")`'s."""
+    from remote_verify.backends.llamacpp_backend import LlamaCppTarget
+
+    return lambda **options: LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=TINY_THREADS, **options)
+
+
+@pytest.fixture
+def own_llamacpp_target(new_llamacpp_target):
+    """The tiny target on llama.cpp, for one test's own service."""
+    return new_llamacpp_target()
 
 
 @pytest.fixture(scope="session")
@@ -53,7 +75,7 @@ def onnx_export_dir(tiny, tmp_path_factory):
 def onnx_target(onnx_export_dir):
     from remote_verify.backends.onnx_backend import OnnxTarget
 
-    return OnnxTarget(onnx_export_dir, device="cpu")
+    return OnnxTarget(onnx_export_dir, device="cpu", threads=TINY_THREADS)
 
 
 BACKENDS = ["torch", "llamacpp", "onnx"]
@@ -86,10 +108,20 @@ class RunningService:
             self.url = url
             ready.set()
 
-        self.thread = threading.Thread(
-            target=lambda: asyncio.run(self.service.run(on_ready, handle_signals=False)), daemon=True)
+        self.error: BaseException | None = None
+
+        def serve() -> None:
+            try:
+                asyncio.run(self.service.run(on_ready, handle_signals=False))
+            except BaseException as exc:  # a refused target: the test says why at once, not after 30 s
+                self.error = exc
+                ready.set()
+
+        self.thread = threading.Thread(target=serve, daemon=True)
         self.thread.start()
         assert ready.wait(30), "the service did not start"
+        if self.error is not None:
+            raise self.error
 
     def close(self) -> None:
         self.service.stop()
@@ -121,15 +153,19 @@ PACED_PASS_MS = 4.0  # a GPU-like pass: about the same for 1 or 64 tokens
 
 
 @pytest.fixture(scope="session")
-def paced_service(llamacpp_target):
+def paced_service(tiny):
     """The tiny target on llama.cpp with every pass held to about PACED_PASS_MS (the emulated
     device, benchmarks/emulation/target.py): the tiny target alone outruns any drafter, a GPU
     target does not, and the default mode's guesses are kept only where the drafter keeps ahead."""
     from benchmarks.emulation.profiles import TargetProfile
     from benchmarks.emulation.target import EmulatedTarget
+    from remote_verify.backends.llamacpp_backend import LlamaCppTarget
 
+    # A backend of its own: `llamacpp_target` is served by `service_on("llamacpp")`, and a loaded
+    # backend belongs to one service (remote_verify/backends/device_owner.py).
+    own = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=TINY_THREADS)
     profile = TargetProfile(name="tests-gpu", pass_points=((1, PACED_PASS_MS), (64, PACED_PASS_MS * 1.1)))
-    running = RunningService(EmulatedTarget(llamacpp_target, profile))
+    running = RunningService(EmulatedTarget(own, profile))
     yield running
     running.close()
 

@@ -73,7 +73,7 @@ def tiny_recording(tiny, tmp_path_factory) -> Path:
 
 
 def test_the_replay_streams_the_recorded_path_and_the_real_target_agrees(tiny, tiny_recording, close_draft,
-                                                                       llamacpp_target):
+                                                                       own_llamacpp_target):
     """Through the real service, the replayed target streams each prompt's recorded path, which is
     what the real tiny target streams."""
     from benchmarks.emulation.profiles import load_target_profile
@@ -83,7 +83,7 @@ def test_the_replay_streams_the_recorded_path_and_the_real_target_agrees(tiny, t
 
     recording = Recording.load(tiny_recording)
     replay = RunningService(EmulatedTarget(ReplayTarget(recording, tiny.draft), load_target_profile("a100-qwen2.5-1.5b")))
-    real = RunningService(llamacpp_target)
+    real = RunningService(own_llamacpp_target)
     try:
         for url in (replay.url, real.url):
             client = VerifyClient(url, hello_for(close_draft))

@@ -22,8 +22,8 @@ TOKEN = "t0ken"
 
 
 @pytest.fixture(scope="module")
-def service(llamacpp_target):
-    running = RunningService(llamacpp_target, token=TOKEN)
+def service(own_llamacpp_target):
+    running = RunningService(own_llamacpp_target, token=TOKEN)
     yield running
     running.close()
 
@@ -105,11 +105,11 @@ def default_target():
     return target
 
 
-def test_a_corrupt_download_is_refused_and_not_cached(llamacpp_target, tmp_path):
+def test_a_corrupt_download_is_refused_and_not_cached(own_llamacpp_target, tmp_path):
     """A file whose bytes are not those the service describes, one llama.cpp cannot load and one of
     another vocabulary are each refused and never cached (the service's offer is altered after it was
     made: it stands for damage on the way and for a misconfigured service)."""
-    running = RunningService(llamacpp_target)
+    running = RunningService(own_llamacpp_target)
     try:
         offer = running.service.vocab
         damaged = bytearray(offer.data)
@@ -152,12 +152,12 @@ def test_a_corrupt_download_is_refused_and_not_cached(llamacpp_target, tmp_path)
         running.close()
 
 
-def test_over_wss_the_ca_file_is_trusted_and_nothing_else(llamacpp_target, tls_files, tmp_path):
+def test_over_wss_the_ca_file_is_trusted_and_nothing_else(own_llamacpp_target, tls_files, tmp_path):
     """A wss:// service: fetched over https with the CA file given; without it, the certificate is
     not trusted and the error points at the CA file."""
     from remote_verify.access import server_tls_context
 
-    running = RunningService(llamacpp_target, token=TOKEN,
+    running = RunningService(own_llamacpp_target, token=TOKEN,
                              tls=server_tls_context(str(tls_files["cert"]), str(tls_files["key"])))
     try:
         assert running.url.startswith("wss://")

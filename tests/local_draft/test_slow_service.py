@@ -40,10 +40,10 @@ class SlowPrefillTarget:
         return self._target.forward_many(passes)
 
 
-def test_a_prompt_the_service_reads_slowly_is_verified_not_taken_for_a_lost_service(llamacpp_target, close_draft):
+def test_a_prompt_the_service_reads_slowly_is_verified_not_taken_for_a_lost_service(own_llamacpp_target, close_draft):
     """The first round carries a prompt the service needs 4 s for, far past the expected time and the
     0.5 s stall timeout; the service answers pings meanwhile, so the round is waited for and verified."""
-    slow = SlowPrefillTarget(llamacpp_target)
+    slow = SlowPrefillTarget(own_llamacpp_target)
     running = RunningService(slow)
     slow.armed = True
     link = ServiceLink(running.url, hello_for(close_draft), stall_timeout_s=0.5)
@@ -100,7 +100,7 @@ class QueuedStepTarget:
         return self._target.forward_many(passes)
 
 
-def test_a_stream_waiting_behind_other_sessions_keeps_its_session(llamacpp_target, close_draft):
+def test_a_stream_waiting_behind_other_sessions_keeps_its_session(own_llamacpp_target, close_draft):
     """Mid-stream, one step comes 3 s late (queued behind others' work) to a client with a 1 s stall
     timeout; the service answers pings meanwhile, so the client waits on the same session and gets the
     target's tokens. (It gave up after 2 s, the stall timeout and a step's allowance, and reconnected,
@@ -111,8 +111,8 @@ def test_a_stream_waiting_behind_other_sessions_keeps_its_session(llamacpp_targe
     from tests.local_draft.test_fallback import target_alone
 
     prompt = close_draft.tokenize("def quicksort(arr):")
-    expected = target_alone(llamacpp_target, prompt, 12)
-    queued = QueuedStepTarget(llamacpp_target)
+    expected = target_alone(own_llamacpp_target, prompt, 12)
+    queued = QueuedStepTarget(own_llamacpp_target)
     running = RunningService(queued)
     queued.armed = True
     try:

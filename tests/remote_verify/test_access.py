@@ -19,9 +19,9 @@ from tests.conftest import RunningService, hello_for
 SPECWIRE = str(Path(sys.executable).parent / "specwire")
 
 
-def test_a_bare_websocket_client_without_the_token_gets_401(llamacpp_target, close_draft):
+def test_a_bare_websocket_client_without_the_token_gets_401(own_llamacpp_target, close_draft):
     """No header, a non-bearer header and a wrong token each get 401 saying which; the token works."""
-    guarded = RunningService(llamacpp_target, token="s3cret")
+    guarded = RunningService(own_llamacpp_target, token="s3cret")
     try:
         for headers, words in ((None, b"missing bearer token"), ({"Authorization": "Basic czNjcmV0"},
                                b"not a bearer token"), ({"Authorization": "Bearer s3cre"}, b"wrong bearer token")):

@@ -202,10 +202,10 @@ def test_client_strings_cannot_forge_json_log_lines(tiny, close_draft, tmp_path)
     assert sum("\\n" + FORGED[:20] in entry["message"] for entry in entries) >= 3
 
 
-def test_two_authorization_headers_get_400_and_are_counted(llamacpp_target, caplog):
+def test_two_authorization_headers_get_400_and_are_counted(own_llamacpp_target, caplog):
     """An upgrade with two Authorization headers is answered 400 saying so, counted as a refusal,
     and logs no error (it was a 500 with a traceback)."""
-    running = RunningService(llamacpp_target, token="s3cret")
+    running = RunningService(own_llamacpp_target, token="s3cret")
     try:
         host, port = running.url.removeprefix("ws://").split(":")
         request = (f"GET / HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
@@ -231,11 +231,11 @@ def test_two_authorization_headers_get_400_and_are_counted(llamacpp_target, capl
     assert not [record for record in caplog.records if record.levelname in ("ERROR", "CRITICAL")]
 
 
-def test_a_long_stream_is_not_cut_by_the_idle_timeout(llamacpp_target, close_draft):
+def test_a_long_stream_is_not_cut_by_the_idle_timeout(own_llamacpp_target, close_draft):
     """A server-only stream that lasts several times the idle timeout, its client sending
     nothing meanwhile, ends with its last frame, not a 4408 close; a silent session still
     is closed after the timeout."""
-    running = RunningService(llamacpp_target, service_limits=ServiceLimits(idle_timeout_s=IDLE_S))
+    running = RunningService(own_llamacpp_target, service_limits=ServiceLimits(idle_timeout_s=IDLE_S))
     try:
         with connect(running.url, subprotocols=[SUBPROTOCOL]) as ws:
             ws.send(encode(hello_for(close_draft)))

@@ -10,10 +10,10 @@ from tests.conftest import RunningService, hello_for
 from wire.limits import ServiceLimits
 
 
-def test_one_client_cannot_hold_every_session(llamacpp_target, close_draft):
+def test_one_client_cannot_hold_every_session(own_llamacpp_target, close_draft):
     """--max-sessions 6: one client gets half (3); the fourth is refused (HTTP 429, a retry hint and
     the flag named) while the service still has room for others; closing one lets it in again."""
-    running = RunningService(llamacpp_target, service_limits=ServiceLimits(max_sessions=6, limit_loopback=True))
+    running = RunningService(own_llamacpp_target, service_limits=ServiceLimits(max_sessions=6, limit_loopback=True))
     clients = []
     try:
         clients = [VerifyClient(running.url, hello_for(close_draft)) for _ in range(3)]
@@ -29,10 +29,10 @@ def test_one_client_cannot_hold_every_session(llamacpp_target, close_draft):
         running.close()
 
 
-def test_one_client_cannot_open_sessions_faster_than_its_rate(llamacpp_target, close_draft):
+def test_one_client_cannot_open_sessions_faster_than_its_rate(own_llamacpp_target, close_draft):
     """A burst of 3, then 1 a second: the fourth session opened at once is refused with how long to wait."""
     limits = ServiceLimits(handshake_rate_per_s=1.0, handshake_burst=3, limit_loopback=True)
-    running = RunningService(llamacpp_target, service_limits=limits)
+    running = RunningService(own_llamacpp_target, service_limits=limits)
     try:
         for _ in range(3):
             VerifyClient(running.url, hello_for(close_draft)).close()
@@ -44,10 +44,10 @@ def test_one_client_cannot_open_sessions_faster_than_its_rate(llamacpp_target, c
         running.close()
 
 
-def test_clients_on_this_machine_are_not_limited_per_client_by_default(llamacpp_target, close_draft):
+def test_clients_on_this_machine_are_not_limited_per_client_by_default(own_llamacpp_target, close_draft):
     """The chat, the benchmarks and the tests connect from loopback: seven sessions of eight, opened
     at once, are all taken."""
-    running = RunningService(llamacpp_target, service_limits=ServiceLimits(max_sessions=8, handshake_burst=2))
+    running = RunningService(own_llamacpp_target, service_limits=ServiceLimits(max_sessions=8, handshake_burst=2))
     clients = []
     try:
         clients = [VerifyClient(running.url, hello_for(close_draft)) for _ in range(7)]

@@ -65,11 +65,11 @@ def open_session(url: str, draft):
     return ws
 
 
-def test_a_client_that_vanishes_mid_round_frees_its_session(llamacpp_target, close_draft):
+def test_a_client_that_vanishes_mid_round_frees_its_session(own_llamacpp_target, close_draft):
     """The TCP connection drops while the round is queued or runs: the round runs at most once (not
     at all if it had not started: nobody is waiting for it), the session and its cache are freed,
     and the next client is served."""
-    slow = SlowTarget(llamacpp_target)
+    slow = SlowTarget(own_llamacpp_target)
     running = RunningService(slow)
     slow.armed = True
     try:
@@ -90,10 +90,10 @@ def test_a_client_that_vanishes_mid_round_frees_its_session(llamacpp_target, clo
         running.close()
 
 
-def test_shutdown_finishes_rounds_in_flight_then_says_going_away(llamacpp_target, close_draft):
+def test_shutdown_finishes_rounds_in_flight_then_says_going_away(own_llamacpp_target, close_draft):
     """stop() (what SIGTERM calls): /healthz turns 503 "draining", new sessions get 503, an idle
     session is closed with 1001 at once, and a session mid-round gets its verdict first, then 1001."""
-    slow = SlowTarget(llamacpp_target)
+    slow = SlowTarget(own_llamacpp_target)
     running = RunningService(slow)
     slow.armed = True
     health = running.url.replace("ws://", "http://") + "/healthz"
@@ -127,14 +127,14 @@ def test_shutdown_finishes_rounds_in_flight_then_says_going_away(llamacpp_target
     assert not running.thread.is_alive()
 
 
-def test_a_stop_while_the_target_loads_ends_the_service_at_once(llamacpp_target):
+def test_a_stop_while_the_target_loads_ends_the_service_at_once(own_llamacpp_target):
     """SIGTERM during a long model load stops the service without waiting for the load."""
     import asyncio
 
     from remote_verify.server import ServiceConfig, VerifyService
 
     release = threading.Event()
-    service = VerifyService(lambda: release.wait(60) and llamacpp_target, ServiceConfig(port=0))
+    service = VerifyService(lambda: release.wait(60) and own_llamacpp_target, ServiceConfig(port=0))
     ready = []
     thread = threading.Thread(target=lambda: asyncio.run(service.run(ready.append, handle_signals=False)),
                               daemon=True)

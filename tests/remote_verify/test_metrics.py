@@ -40,10 +40,10 @@ def scrape(url: str, token: str | None = None) -> tuple[str, dict[tuple[str, tup
     return content_type, samples
 
 
-def test_metrics_count_what_the_client_saw(llamacpp_target, close_draft):
+def test_metrics_count_what_the_client_saw(own_llamacpp_target, close_draft):
     """Rounds, drafted and accepted tokens, acceptance per position and latency counts equal the
     client's own statistics; errors are counted by code and refusals by reason."""
-    running = RunningService(llamacpp_target, token="t0ken")
+    running = RunningService(own_llamacpp_target, token="t0ken")
     try:
         with pytest.raises(VerifyError):
             VerifyClient(running.url, hello_for(close_draft))  # no token: refused
@@ -79,14 +79,14 @@ def test_metrics_count_what_the_client_saw(llamacpp_target, close_draft):
     assert samples[("specwire_ready", ())] == 1
 
 
-def test_healthz_says_loading_until_the_target_is_loaded(llamacpp_target, close_draft):
+def test_healthz_says_loading_until_the_target_is_loaded(own_llamacpp_target, close_draft):
     """While the target loads: /healthz 503 "loading", upgrades 503 with Retry-After (a client
     sees a busy service, not a dead one); once loaded: 200 and sessions are taken."""
     release = threading.Event()
 
     def slow_loader():
         release.wait(30)  # stands in for the minutes a large model takes to load
-        return llamacpp_target
+        return own_llamacpp_target
 
     service = VerifyService(slow_loader, ServiceConfig(port=0))
     thread = threading.Thread(target=lambda: asyncio.run(service.run(lambda url: None, handle_signals=False)),
@@ -121,9 +121,9 @@ def wait_for(condition, timeout_s: float = 30.0) -> bool:
     return bool(condition())
 
 
-def test_session_logs_carry_the_session_id(llamacpp_target, close_draft, caplog):
+def test_session_logs_carry_the_session_id(own_llamacpp_target, close_draft, caplog):
     """Opening and closing a session is logged with its id, as text and as a JSON field."""
-    running = RunningService(llamacpp_target)
+    running = RunningService(own_llamacpp_target)
     try:
         with caplog.at_level(logging.INFO, logger="remote_verify.server"):
             with connect(running.url, subprotocols=[SUBPROTOCOL]) as ws:
@@ -149,10 +149,10 @@ class VerifyBeforeDraftSource(msgspec.Struct, tag="verify"):
     draft_dists: list[SparseDist] = []
 
 
-def test_drafted_and_accepted_tokens_are_counted_by_draft_source(llamacpp_target, close_draft):
+def test_drafted_and_accepted_tokens_are_counted_by_draft_source(own_llamacpp_target, close_draft):
     """Real rounds naming "model", "ngram", an unknown name and none (an old client's frame) are
     counted under their own source label; an unknown name folds into "other", a long one is refused."""
-    running = RunningService(llamacpp_target)
+    running = RunningService(own_llamacpp_target)
     expected = {label: [0, 0] for label in SOURCE_LABELS}  # label -> [drafted, accepted]
     rng = np.random.default_rng(0)
     rounds = [("draft-v9", "other"), ("model", "model"), ("ngram", "ngram"), (None, "unstated"),
@@ -191,12 +191,12 @@ def test_drafted_and_accepted_tokens_are_counted_by_draft_source(llamacpp_target
     assert samples[("specwire_drafted_tokens_total", ())] == sum(d for d, _ in expected.values())
 
 
-def test_metrics_are_behind_the_token_unless_made_public(llamacpp_target):
+def test_metrics_are_behind_the_token_unless_made_public(new_llamacpp_target):
     """A service with a token answers /metrics only with it (401 without, as the WebSocket does);
     public_metrics (`serve --public-metrics`) serves it to a scraper that has none. Without a token
     there is nothing to ask for."""
-    guarded = RunningService(llamacpp_target, token="t0ken")
-    public = RunningService(llamacpp_target, token="t0ken", public_metrics=True)
+    guarded = RunningService(new_llamacpp_target(), token="t0ken")
+    public = RunningService(new_llamacpp_target(), token="t0ken", public_metrics=True)
     try:
         with pytest.raises(urllib.error.HTTPError) as refused:
             scrape(guarded.url)

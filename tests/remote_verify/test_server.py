@@ -58,9 +58,9 @@ def test_healthz_answers_over_plain_http(service):
         assert response.status == 200 and response.read() == b"ok\n"
 
 
-def test_a_missing_or_wrong_token_gets_401(torch_target, close_draft):
+def test_a_missing_or_wrong_token_gets_401(own_llamacpp_target, close_draft):
     """With a token set, the upgrade needs the bearer token."""
-    guarded = RunningService(torch_target, token="s3cret")
+    guarded = RunningService(own_llamacpp_target, token="s3cret")
     try:
         for token, words in ((None, "missing bearer token"), ("nope", "wrong bearer token")):
             with pytest.raises(VerifyError) as error:
@@ -231,7 +231,7 @@ class SlowPoolTarget:
         return self.target.new_cache()
 
 
-def test_clients_arriving_together_are_all_welcomed_while_pools_are_allocated(llamacpp_target, close_draft):
+def test_clients_arriving_together_are_all_welcomed_while_pools_are_allocated(own_llamacpp_target, close_draft):
     """Eight server-only clients at once, each with a 1 s stall timeout, against a service whose caches
     take 0.4 s each to allocate (3.2 s in all, one after another): every client is welcomed without
     waiting for an allocation, waits out its first frame while the service answers pings, and gets
@@ -243,8 +243,8 @@ def test_clients_arriving_together_are_all_welcomed_while_pools_are_allocated(ll
     from tests.local_draft.test_fallback import target_alone
 
     prompt = close_draft.tokenize("def quicksort(arr):")
-    expected = target_alone(llamacpp_target, prompt, 12)
-    running = RunningService(SlowPoolTarget(llamacpp_target))
+    expected = target_alone(own_llamacpp_target, prompt, 12)
+    running = RunningService(SlowPoolTarget(own_llamacpp_target))
     results, errors = [None] * 8, []
 
     def one(i: int) -> None:
@@ -302,7 +302,7 @@ def test_the_service_shrinks_a_pool_its_sessions_have_left_after_a_while(tiny, c
         running.close()
 
 
-def test_a_client_gone_mid_prefill_takes_no_more_device_time(llamacpp_target, close_draft):
+def test_a_client_gone_mid_prefill_takes_no_more_device_time(own_llamacpp_target, close_draft):
     """A client sends a 3,000-token prompt beside a busy neighbour (so it is fed in short pieces, each
     made 50 ms long here) and hangs up: its session closes within seconds, not after the minute its
     remaining pieces would have taken, and the neighbour goes on."""
@@ -320,7 +320,7 @@ def test_a_client_gone_mid_prefill_takes_no_more_device_time(llamacpp_target, cl
             time.sleep(0.05)
             return self.target.forward_many(passes)
 
-    running = RunningService(SlowPasses(llamacpp_target))
+    running = RunningService(SlowPasses(own_llamacpp_target))
     stop, rounds = threading.Event(), [0]
 
     def neighbour():

@@ -41,8 +41,8 @@ def welcome_of(url: str, draft, token: str | None = None) -> Welcome:
 
 
 @pytest.fixture(scope="module")
-def guarded(llamacpp_target):
-    running = RunningService(llamacpp_target, token=TOKEN)
+def guarded(own_llamacpp_target):
+    running = RunningService(own_llamacpp_target, token=TOKEN)
     yield running
     running.close()
 
@@ -88,10 +88,12 @@ def test_the_vocabulary_file_is_the_targets_and_says_its_hashes(guarded, tiny, c
     assert CAPABILITY in welcome_of(guarded.url, close_draft, TOKEN).capabilities
 
 
-def test_a_hugging_face_target_offers_its_tokenizer_json_as_a_vocabulary(torch_target, close_draft, tiny, tmp_path):
+def test_a_hugging_face_target_offers_its_tokenizer_json_as_a_vocabulary(close_draft, tiny, tmp_path):
     """The tiny target as a Hugging Face folder (torch backend): the file is written from its
     tokenizer.json, has the target's fingerprint, tokenizes like the target GGUF, and is advertised."""
-    running = RunningService(torch_target)
+    from remote_verify.backends.torch_backend import TorchTarget
+
+    running = RunningService(TorchTarget(tiny.target, device="cpu"))  # its own: `torch_target` is the session service's
     try:
         status, _, data = get(running.url, "/vocab.gguf")
         assert status == 200 and CAPABILITY in welcome_of(running.url, close_draft).capabilities
