@@ -220,6 +220,10 @@ class TorchStaticTarget(TorchTarget):
                                    cuda_graphs=cuda_graphs)
         self.max_context = self.engine.context
         self.name = f"torch-static:{self.device.type}"
+        # No tree attention here yet: the static cache writes a token's keys at its position, and a
+        # tree's siblings share one (a tree needs cells apart from positions, and a copy to keep the
+        # path); the session sends a tree's first-choice path.
+        self.tree_attention = False
 
     def new_cache(self) -> SlotCache:
         return self.engine.new_cache()
