@@ -1,23 +1,31 @@
 """Trees of guesses through the real protocol: the stream's text is the target's, whatever the tree.
 
-Each test streams a Generate and, after every frame, sends a Draft whose tree is built from the
-target's own text (computed here beforehand, independently of the service): at each level the
-right token is a later child, after a wrong first one, and wrong branches hang below the wrong
-nodes. A backend with tree attention keeps the right branches (guesses accepted); one without
-verifies the first-choice path, all wrong, and keeps none. The text must be the target's alone
-either way, and three planted bugs of a tree's verification must each change it.
+Each test streams a Generate with trees built from the target's own text (computed here beforehand
+by the backend itself, a token a pass): one tree for the whole stream sent with the Generate, and
+a short one after every frame. At each level the right token is the third child, after a wrong
+one and a trap (the target's pick after that wrong one: what a bug reading a child's row from
+its sibling would keep), and a wrong branch hangs below the first wrong node. A backend with tree
+attention keeps the right branches; one without verifies the first-choice path, all wrong, and
+keeps none. The text must be the target's alone either way (greedy, and seeded sampling: a
+function of the seed), three planted bugs of a tree's verification must each change it, and a
+malformed tree is refused with what is wrong.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import asyncio
+
 import pytest
+from websockets.sync.client import connect
 
 from local_draft.verify_client import VerifyClient
 from remote_verify import session as session_module
 from remote_verify.session import Session
 from wire.draft_tree import ROOT, GuessTree
-from wire.protocol import Draft, Generate, Generated, Hello, SamplingParams, vocab_fingerprint
+from wire.protocol import (
+    SUBPROTOCOL, Draft, Error, Generate, Generated, Hello, SamplingParams, Welcome, decode_server_message, encode,
+    vocab_fingerprint,
+)
 from wire.randomness import DecisionRandomness
 from wire.sampling import race_choice, warp
 from tests.conftest import RunningService
@@ -26,7 +34,7 @@ PROMPT = [1, 72, 101, 108, 108, 111, 44]  # token ids: BOS and a few bytes' toke
 TOKENS = 24  # per stream: a few tree passes each
 SAMPLED = SamplingParams(temperature=1.0, top_k=8, top_p=0.9)
 SEED = 11
-TREE_PASS_MS = 15.0  # the emulated device's pass: a Draft sent after a frame is in time for the next pass
+TREE_PASS_MS = 15.0  # the emulated device's pass: a tree sent after a frame is in time for the next pass
 
 
 def _pick(target, logits, params: SamplingParams, randomness: DecisionRandomness, position: int) -> int:
@@ -47,6 +55,13 @@ def target_alone(target, prompt: list[int], n: int, params: SamplingParams = Sam
         made.append(_pick(target, logits, params, randomness, len(prompt) + len(made)))
         logits = target.forward(cache, [made[-1]], 1)[-1]
     return made
+
+
+def on_device(service: RunningService, work):
+    """`work()` run on the service's device thread, in a turn of its own: a backend is used from that
+    thread only (a llama.cpp pool that grows under a pass of another thread is lost)."""
+    running = service.service
+    return asyncio.run_coroutine_threadsafe(running.queue.run("tests", work), running._loop).result(60)[0]
 
 
 def wrong(token: int, vocab: int, by: int = 1) -> int:
@@ -91,7 +106,7 @@ def stream_with_trees(service: RunningService, prompt: list[int], expected: list
                       seed: int | None, trees: bool = True) -> tuple[list[int], int, bool]:
     """Stream TOKENS tokens, sending an oracle tree (or none) after each frame; returns the tokens,
     how many were kept guesses, and what the Welcome said of trees."""
-    trap = traps(service.backend, prompt, expected, params, seed)
+    trap = on_device(service, lambda: traps(service.backend, prompt, expected, params, seed))
     client = VerifyClient(service.url, hello(service.backend, params, seed))
     client.send_generate(Generate(seq=1, committed_len=0, append=prompt, max_tokens=TOKENS))
     vocab = service.backend.vocab_size
@@ -140,7 +155,7 @@ def test_greedy_streams_with_trees_are_the_target_alone(service_on, request, kin
     verify trees. On the emulated device (a pass takes TREE_PASS_MS, so the trees are in time) right
     later children are kept; where only the first-choice path is verified (all wrong), none is."""
     service = _service(kind, service_on, request)
-    expected = target_alone(service.backend, PROMPT, TOKENS)
+    expected = on_device(service, lambda: target_alone(service.backend, PROMPT, TOKENS))
     made, accepted, said = stream_with_trees(service, PROMPT, expected, SamplingParams(), None)
     assert made == expected
     assert said is verifies_trees
@@ -153,12 +168,14 @@ def test_greedy_streams_with_trees_are_the_target_alone(service_on, request, kin
 def test_sampled_text_is_a_function_of_the_seed_with_and_without_trees(emulated_torch):
     """Seeded sampling: the stream alone, and the stream with trees (most tokens kept guesses), both
     make the target's own race picks for that seed, token for token."""
-    expected = target_alone(emulated_torch.backend, PROMPT, TOKENS, SAMPLED, SEED)
+    backend = emulated_torch.backend
+    expected = on_device(emulated_torch, lambda: target_alone(backend, PROMPT, TOKENS, SAMPLED, SEED))
     alone, _, _ = stream_with_trees(emulated_torch, PROMPT, expected, SAMPLED, SEED, trees=False)
     with_trees, accepted, _ = stream_with_trees(emulated_torch, PROMPT, expected, SAMPLED, SEED)
     assert alone == expected and with_trees == expected
     assert accepted >= TOKENS // 2, accepted
-    assert target_alone(emulated_torch.backend, PROMPT, TOKENS, SAMPLED, SEED + 1) != expected  # the seed decides
+    other_seed = on_device(emulated_torch, lambda: target_alone(backend, PROMPT, TOKENS, SAMPLED, SEED + 1))
+    assert other_seed != expected  # the seed decides
 
 
 # ---- planted bugs: each must change the text --------------------------------------------------------
@@ -188,7 +205,7 @@ def test_a_planted_tree_bug_changes_the_text(emulated_torch, torch_target, monke
     alone (the checks above would be red)."""
     service = emulated_torch
     params, seed = (SAMPLED, SEED) if bug == "clocks_keyed_by_depth" else (SamplingParams(), None)
-    expected = target_alone(service.backend, PROMPT, TOKENS, params, seed)
+    expected = on_device(service, lambda: target_alone(service.backend, PROMPT, TOKENS, params, seed))
     if bug == "child_against_siblings_row":
         monkeypatch.setattr(session_module, "walk", _walk_checking_a_child_against_its_siblings_row)
     elif bug == "clocks_keyed_by_depth":
@@ -197,3 +214,28 @@ def test_a_planted_tree_bug_changes_the_text(emulated_torch, torch_target, monke
         monkeypatch.setattr(type(torch_target), "keep_path", lambda self, cache, length, nodes: None)
     made, _, _ = stream_with_trees(service, PROMPT, expected, params, seed)
     assert made != expected
+
+
+@pytest.mark.parametrize("parents, words", [([ROOT, 2, ROOT], "parent 2"), ([ROOT], "one parent per token"),
+                                            ([ROOT] * 17, "children")])
+def test_a_malformed_tree_is_refused_with_what_is_wrong_and_the_stream_goes_on(service_on, parents, words):
+    """A tree whose parent comes after its node, whose parents and tokens differ in number, or with a
+    node of too many children: a bad_tree error naming the problem, and the stream still ends whole."""
+    service = service_on("llamacpp")
+    tokens = [5] * (len(parents) if len(parents) > 1 else 3)
+    with connect(service.url, subprotocols=[SUBPROTOCOL]) as ws:
+        ws.send(encode(hello(service.backend, SamplingParams(), None)))
+        assert isinstance(decode_server_message(ws.recv(timeout=30)), Welcome)
+        ws.send(encode(Generate(seq=1, committed_len=0, append=PROMPT, max_tokens=TOKENS)))
+        ws.send(encode(Draft(seq=1, chain=1, start=len(PROMPT), tokens=tokens, parents=parents)))
+        made, errors, done = [], [], False
+        while not (done and errors):  # the refusal and the stream's frames, in whichever order
+            message = decode_server_message(ws.recv(timeout=30))
+            if isinstance(message, Error):
+                errors.append(message)
+            else:
+                made += message.tokens
+                done = message.done
+    assert [error.code for error in errors] == ["bad_tree"] and words in errors[0].message
+    assert not errors[0].fatal
+    assert made == on_device(service, lambda: target_alone(service.backend, PROMPT, TOKENS))
