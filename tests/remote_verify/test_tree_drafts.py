@@ -144,12 +144,24 @@ def emulated_torch(torch_target):
     running.close()
 
 
+@pytest.fixture(scope="module")
+def static_torch(tiny):
+    """The tiny target on the static-cache torch path (CPU: eager, as CUDA runs a tree's passes)."""
+    from remote_verify.backends.torch_static import TorchStaticTarget
+
+    running = RunningService(TorchStaticTarget(tiny.target, device="cpu", slots=4, context=512))
+    yield running
+    running.close()
+
+
 def _service(kind: str, service_on, request) -> RunningService:
-    return request.getfixturevalue("emulated_torch") if kind == "emulated" else service_on(kind)
+    if kind in ("emulated", "static"):
+        return request.getfixturevalue(f"{kind}_torch")
+    return service_on(kind)
 
 
-@pytest.mark.parametrize("kind, verifies_trees", [("torch", True), ("emulated", True), ("llamacpp", False),
-                                                  ("onnx", False)])
+@pytest.mark.parametrize("kind, verifies_trees", [("torch", True), ("static", True), ("emulated", True),
+                                                  ("llamacpp", False), ("onnx", False)])
 def test_greedy_streams_with_trees_are_the_target_alone(service_on, request, kind, verifies_trees):
     """Greedy, with oracle trees: the target's own tokens on every backend, and the Welcome says which
     verify trees. On the emulated device (a pass takes TREE_PASS_MS, so the trees are in time) right
