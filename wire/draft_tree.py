@@ -14,7 +14,6 @@ stays light.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from wire.limits import MAX_TREE_DEPTH, MAX_TREE_NODES, MAX_TREE_WIDTH
@@ -48,33 +47,52 @@ def tree_problem(parents: Sequence[int], n_tokens: int) -> str:
     return ""
 
 
-@dataclass
 class GuessTree:
-    """A checked tree of guesses (`tree_problem` is "" for it), with what a walk needs."""
+    """A checked tree of guesses (`tree_problem` is "" for it), with what a walk needs.
 
-    tokens: list[int]
-    parents: list[int]
-    depths: list[int] = field(init=False)  # 1 for the children of ROOT
-    _children: dict[int, list[int]] = field(init=False)  # node (or ROOT) -> its children, in node order
+    A chain (every parent the node before) takes shortcuts: a stream's every pass handles one,
+    on the device thread between two passes, and a chain needs no index of children."""
 
-    def __post_init__(self) -> None:
-        self.depths, self._children = [], {}
-        for i, parent in enumerate(self.parents):
-            self.depths.append(1 if parent == ROOT else self.depths[parent] + 1)
-            self._children.setdefault(parent, []).append(i)
+    def __init__(self, tokens: list[int], parents: list[int], chain: bool | None = None):
+        self.tokens = tokens
+        self.parents = parents
+        self._chain = chain
+        self._depths: list[int] | None = None
+        self._children: dict[int, list[int]] | None = None
+
+    def __repr__(self) -> str:
+        return f"GuessTree(tokens={self.tokens}, parents={self.parents})"
 
     @classmethod
     def chain(cls, tokens: Sequence[int]) -> GuessTree:
-        return cls(list(tokens), list(range(-1, len(tokens) - 1)))
+        return cls(list(tokens), list(range(-1, len(tokens) - 1)), chain=True)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     @property
     def is_chain(self) -> bool:
-        return all(parent == i - 1 for i, parent in enumerate(self.parents))
+        if self._chain is None:
+            self._chain = all(parent == i - 1 for i, parent in enumerate(self.parents))
+        return self._chain
+
+    @property
+    def depths(self) -> list[int]:
+        """Each node's depth: 1 for the children of ROOT."""
+        if self._depths is None:
+            self._depths = []
+            for parent in self.parents:
+                self._depths.append(1 if parent == ROOT else self._depths[parent] + 1)
+        return self._depths
 
     def children(self, node: int) -> list[int]:
+        """The children of `node` (or of ROOT), in node order."""
+        if self.is_chain:
+            return [node + 1] if node + 1 < len(self.tokens) else []
+        if self._children is None:
+            self._children = {}
+            for i, parent in enumerate(self.parents):
+                self._children.setdefault(parent, []).append(i)
         return self._children.get(node, [])
 
     def child_with(self, node: int, token: int) -> int | None:
@@ -94,6 +112,8 @@ class GuessTree:
         """The descendants of `node` as a tree of their own (`node` becomes its ROOT), in node order."""
         if node == ROOT:
             return self
+        if self.is_chain:
+            return GuessTree.chain(self.tokens[node + 1:])
         index = {node: ROOT}
         tokens, parents = [], []
         for i in range(node + 1, len(self.tokens)):
@@ -106,6 +126,11 @@ class GuessTree:
     def pruned(self, max_nodes: int, max_depth: int, stops: frozenset[int] = frozenset()) -> GuessTree:
         """The first nodes of the tree, at most `max_nodes` of them and `max_depth` deep, without the
         descendants of a stop token (what would follow a stop is never sent)."""
+        if self.is_chain:
+            kept = self.tokens[:max(0, min(max_nodes, max_depth))]
+            if stops and not stops.isdisjoint(kept):
+                kept = kept[:next(i for i, token in enumerate(kept) if token in stops) + 1]
+            return self if len(kept) == len(self.tokens) else GuessTree.chain(kept)
         index: dict[int, int] = {ROOT: ROOT}
         tokens, parents = [], []
         for i, (token, parent) in enumerate(zip(self.tokens, self.parents)):
