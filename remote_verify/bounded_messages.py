@@ -20,7 +20,7 @@ from typing import Annotated, Union
 
 import msgspec
 
-from wire.limits import MAX_DIST_TOKENS, MAX_DRAFT_SOURCE_CHARS, MAX_STOP_IDS
+from wire.limits import MAX_DIST_TOKENS, MAX_DRAFT_SOURCE_CHARS, MAX_STOP_IDS, MAX_TREE_NODES
 from wire.protocol import Cancel, Draft, Generate, Hello, SparseDist, Sync, Verify
 
 
@@ -54,8 +54,10 @@ def bounded_client_message(max_context: int, max_draft: int):
                                               ("stop_ids", _bounded(MAX_STOP_IDS), [])],
                                  bases=(Generate,), tag="generate")
     # a chain of guesses may reach past the draft limit (it covers positions the stream passes
-    # while it travels), never past the context
+    # while it travels), never past the context; a tree's parents, MAX_TREE_NODES (its shape is
+    # checked once decoded: wire/draft_tree.py `tree_problem`)
     draft = msgspec.defstruct("Draft", [("tokens", _bounded(max_context)),
-                                        ("source", _short_text(MAX_DRAFT_SOURCE_CHARS), "")],
+                                        ("source", _short_text(MAX_DRAFT_SOURCE_CHARS), ""),
+                                        ("parents", _bounded(MAX_TREE_NODES), [])],
                               bases=(Draft,), tag="draft")
     return Union[Hello, verify, sync, generate, draft, Cancel]

@@ -92,6 +92,8 @@ class FrameReader:
         if field in _DRAFT_FIELDS and not rest:
             return BadFrame("draft_too_long", f"{field}: more than {bound} entries, over the limit of "
                             f"{self.max_draft} draft tokens")
+        if field == "parents":
+            return BadFrame("bad_tree", f"a draft tree of more than {bound} nodes: send at most {bound}")
         if field == "draft_dists":
             return BadFrame("bad_dists", f"a draft distribution at {field}{rest} has more than {bound} ids")
         return BadFrame("bad_request", f"{field} holds more than {bound} entries: send at most {bound}")

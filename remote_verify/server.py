@@ -496,7 +496,7 @@ class VerifyService:
                 session_id=session.id, max_context=self.limits.max_context, max_draft=self.limits.max_draft,
                 vocab_size=backend.vocab_size, target=backend.name, capabilities=self._capabilities(),
                 max_frame_bytes=self.guard.max_frame_bytes, idle_timeout_s=self.guard.idle_timeout_s,
-                pass_costs=self.queue.costs.curve())))
+                pass_costs=self.queue.costs.curve(), trees=bool(getattr(backend, "tree_attention", False)))))
         except ConnectionClosed:
             await self._close_session(session)
             return None

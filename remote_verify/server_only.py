@@ -21,6 +21,7 @@ from typing import Awaitable, Callable
 
 from websockets.exceptions import ConnectionClosed
 
+from wire.draft_tree import tree_problem
 from wire.protocol import Cancel, Draft, Error, Generate, Generated, encode
 from remote_verify.pass_costs import PassCosts
 from remote_verify.scheduler import Bookkeeping, DeviceQueue, Planned, QueueClosed, Shareable
@@ -168,6 +169,9 @@ class ServerOnlyStream:
         if draft.start < 0:
             return Error("bad_request", f"a draft starts at position {draft.start}: positions start at 0",
                          seq=draft.seq)
+        problem = tree_problem(draft.parents, len(draft.tokens))
+        if problem:
+            return Error("bad_tree", problem, seq=draft.seq)
         problem = self.drafts.receive(draft)
         return Error("bad_request", problem, seq=draft.seq) if problem else None
 

@@ -39,7 +39,8 @@ from remote_verify.backends.target import CacheFull, Pass, TargetBackend
 from remote_verify.memory import give_back_free_memory
 from remote_verify.pass_costs import PassCosts
 from remote_verify.scheduler import Planned, Shareable
-from remote_verify.stream_drafts import PassSoFar, StreamDrafts, best_block
+from remote_verify.stream_drafts import PassSoFar, StreamDrafts, best_block, tree_chances
+from wire.draft_tree import GuessTree, walk
 from wire.limits import MAX_STOP_IDS
 from wire.protocol import Generate, SamplingParams, SparseDist, Sync, Synced, Verdict, Verify
 from wire.randomness import DecisionRandomness, seed_problem
@@ -242,17 +243,18 @@ class Session:
             return None
         return self._prefill_work(limit), work
 
-    def _guesses(self, drafts: StreamDrafts | None, stop_ids: frozenset[int], room: int) -> tuple[list[int], str]:
-        """The pending guesses a pass may verify: within the limits, and none after a stop token."""
+    def _guesses(self, drafts: StreamDrafts | None, stop_ids: frozenset[int], room: int) -> tuple[GuessTree, str]:
+        """The pending guesses a pass may verify, as a tree (a chain's: a chain): within the limits,
+        none after a stop token, and only the first-choice path where the backend has no tree attention."""
         if drafts is None:
-            return [], ""
-        guesses, source = drafts.block(self.committed)
-        cap = min(self.limits.max_draft, room - 1, self.limits.max_context - len(self.committed) - 1)
-        guesses = guesses[:max(cap, 0)]
-        for i, token in enumerate(guesses):
-            if token in stop_ids:  # what would follow a stop is never sent
-                return guesses[: i + 1], source
-        return guesses, source
+            return GuessTree([], []), ""
+        guesses, source = drafts.pending(self.committed, max(self.limits.max_draft, 0))
+        if not getattr(self.backend, "tree_attention", False) and not guesses.is_chain:
+            path = guesses.first_choice_path()
+            guesses = GuessTree.chain(guesses.path_tokens(path))
+        # depth: the stream's room and the context leave one token for the target's own
+        depth = max(0, min(room - 1, self.limits.max_context - len(self.committed) - 1))
+        return guesses.pruned(max(self.limits.max_draft, 0), depth, stop_ids), source
 
     def _plan_stream_pass(self, drafts: StreamDrafts | None, stop_ids: frozenset[int], room: int,
                           costs: PassCosts | None, so_far: PassSoFar | None = None) -> Planned:
@@ -263,42 +265,57 @@ class Session:
         unrun = self.committed[self.cached_len:]
         guesses, source = self._guesses(drafts, stop_ids, room)
         room_left = min(len(guesses), so_far.budget - so_far.tokens - len(unrun), so_far.share + 0.999)
-        guesses = guesses[:max(0, int(room_left))]
+        guesses = guesses.pruned(max(0, int(room_left)), len(guesses))  # a prefix of a tree is a tree
+        chances = None if guesses.is_chain or drafts is None else tree_chances(guesses, drafts.acceptance)
         take = len(guesses)
-        if guesses and costs is not None:
-            take = best_block(len(guesses), drafts.acceptance, costs.seconds, len(unrun), so_far)
-        block = guesses[:take]
-        expected = sum(drafts.acceptance ** i for i in range(len(block) + 1)) if block else 1.0
+        if take and costs is not None:
+            take = best_block(take, drafts.acceptance, costs.seconds, len(unrun), so_far, chances)
+        block = guesses.pruned(take, take)
+        if not block.tokens:
+            expected = 1.0
+        elif chances is None:
+            expected = sum(drafts.acceptance ** i for i in range(len(block) + 1))
+        else:
+            expected = 1.0 + sum(chances[:len(block)])
+        tree = None if block.is_chain else block.parents  # a chain runs as it always has: causal
 
         def finish(result: np.ndarray, forward_s: float) -> StreamStep:
-            # result: (b + 1,) argmax ids (greedy) or (b + 1, V) logits; row i scores position + i
-            accepted = 0
-            while accepted < len(block) and block[accepted] == self._target_pick(result, position, accepted):
-                accepted += 1
-            ends = [i for i, token in enumerate(block[:accepted]) if token in stop_ids]
+            # result: (b + 1,) argmax ids (greedy) or (b + 1, V) logits; row 0 scores `position`
+            # (after the last committed token), row i + 1 the position after guess i, at its depth
+            path, token = walk(block, lambda row, depth: self._target_pick(result, position, row, depth))
+            kept = block.path_tokens(path)
+            accepted = len(kept)
+            ends = [i for i, each in enumerate(kept) if each in stop_ids]
             if ends:  # the stream ends at a kept stop token: nothing of the target's after it
-                made = block[: ends[0] + 1]
+                made = kept[: ends[0] + 1]
             else:
-                made = block[:accepted] + [self._target_pick(result, position, accepted)]
+                made = kept + [token]
+            if tree is not None:  # the pass cached every node: keep the history and the kept path, in order
+                self.backend.keep_path(self.cache, position, path)
             self.committed += made
             self.cached_len = len(self.committed) - 1
             self.backend.truncate(self.cache, self.cached_len)
             if drafts is not None:
-                drafts.after_pass(position, block, accepted)
+                if tree is None:
+                    drafts.after_pass(position, block.tokens, accepted)
+                else:
+                    drafts.after_tree_pass(position, accepted, bool(block.children(path[-1] if path else -1)))
             forward_s, self._prefill_s = forward_s + self._prefill_s, 0.0  # its prefill pieces count as its pass
-            return StreamStep(made, min(accepted, len(made)), len(block), source if block else "", started,
+            return StreamStep(made, min(accepted, len(made)), len(block), source if block.tokens else "", started,
                               forward_s, so_far.tokens, so_far.sessions)
 
-        return Planned(Pass(self.cache, unrun + block, len(block) + 1, argmax_only=self.sampling.greedy),
-                       finish, self._undo, expected)
+        return Planned(Pass(self.cache, unrun + block.tokens, len(block) + 1, argmax_only=self.sampling.greedy,
+                            tree=tree), finish, self._undo, expected)
 
-    def _target_pick(self, result: np.ndarray, position: int, row: int) -> int:
-        """The target's token at position + row: its argmax, or the race of its warped distribution
-        over this session's clocks for that position."""
+    def _target_pick(self, result: np.ndarray, position: int, row: int, depth: int) -> int:
+        """The target's token at position + depth, from the pass's row `row` (a chain's rows are its
+        depths; a tree's are its nodes): its argmax, or the race of its warped distribution over this
+        session's clocks for that absolute position (never the depth alone: a tree's nodes at one depth
+        share the clocks of their position, and so does a pass with no guesses)."""
         if self.sampling.greedy:
             return int(result[row])
         probs = warp(result[row], self.sampling)
-        return race_choice(probs, self.randomness.race(position + row, probs.shape[0]))
+        return race_choice(probs, self.randomness.race(position + depth, probs.shape[0]))
 
     def sync(self, request: Sync) -> Synced:
         """Adopt the client's history (and its new seed, if it sends one); keep the cached prefix

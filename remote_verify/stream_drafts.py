@@ -16,6 +16,11 @@ should take of the block is a cost question, answered by `best_block` from the d
 measured cost curve and the chain's measured acceptance: on a GPU, where a pass of 16 tokens
 costs about one of 1, everything; on a CPU, where each token costs, only what pays.
 
+A Draft may carry a tree of guesses instead (wire/draft_tree.py): the stream follows it down
+from its root through the tokens it committed, and the pass's block is what lies below the
+node it reached (`pending`): the pass checks every branch of it, where the backend can
+(tree attention), else the first-choice path.
+
 `receive` runs on the event loop, `block` and `after_pass` on the device thread: the chain
 is replaced whole by `receive` (one assignment), and what the device thread learns about it
 (how far it was found right, where it died) only ever grows, so a stale copy is checked again,
@@ -25,7 +30,9 @@ never trusted wrongly.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
+from wire.draft_tree import ROOT, GuessTree
 from wire.protocol import Draft
 
 MEMORY = 0.9  # weight of the past per tested guess: the acceptance follows a reply from code into prose
@@ -40,7 +47,9 @@ class DraftChain:
     tokens: list[int]
     source: str = ""
     right: int = 0  # tokens[:right] are known to equal the committed history
-    dead_at: int | None = None  # index of the first guess found wrong, if any
+    dead_at: int | None = None  # index of the first guess found wrong, if any (a tree's: the depth)
+    tree: GuessTree | None = None  # a tree's guesses (None: a chain); `start` is then its depth-1 position
+    at: int = ROOT  # in a tree: the deepest node known to equal the committed history
 
     @property
     def end(self) -> int:
@@ -84,7 +93,10 @@ class StreamDrafts:
         if draft.seq != self.seq:
             return ""  # a stream that has ended: nothing to verify against
         current = self.chain
-        if current is not None and draft.chain == current.chain:
+        if draft.parents:  # a tree is taken whole (its shape was checked: wire/draft_tree.py)
+            self.chain = DraftChain(draft.chain, draft.start, list(draft.tokens), draft.source,
+                                    tree=GuessTree(list(draft.tokens), list(draft.parents)))
+        elif current is not None and current.tree is None and draft.chain == current.chain:
             if not current.start <= draft.start <= current.end:
                 return (f"draft chain {draft.chain} continued at position {draft.start}, outside its "
                         f"positions {current.start}..{current.end}: start a new chain")
@@ -101,19 +113,45 @@ class StreamDrafts:
 
         Guesses for positions already committed are compared with what was committed first;
         a chain that differs there gives nothing (and is remembered dead)."""
+        guesses, source = self.pending(committed)
+        return guesses.tokens, source
+
+    def pending(self, committed: list[int], limit: int | None = None) -> tuple[GuessTree, str]:
+        """The guesses past the committed history, as a tree (a chain's: a chain, of at most `limit`
+        guesses: a chain may be as long as the context), and who drafted them."""
         chain = self.chain
         if chain is None or chain.dead_at is not None or chain.start > len(committed):
-            return [], ""
+            return GuessTree([], []), ""
+        if chain.tree is not None:
+            return self._tree_below(chain, committed), chain.source
         passed = min(len(committed), chain.end) - chain.start  # guesses for committed positions
         while chain.right < passed:
             position = chain.start + chain.right
             if chain.tokens[chain.right] != committed[position]:
                 chain.dead_at = chain.right
                 self._count(position, False)
-                return [], ""
+                return GuessTree([], []), ""
             self._count(position, True)
             chain.right += 1
-        return chain.tokens[passed:], chain.source
+        return GuessTree.chain(chain.tokens[passed:passed + limit if limit is not None else None]), chain.source
+
+    def _tree_below(self, chain: DraftChain, committed: list[int]) -> GuessTree:
+        """A tree's guesses below the node that the committed history reaches; none once the
+        history took a token that no child guessed (the tree is then dead)."""
+        tree, node = chain.tree, chain.at
+        depth = 0 if node == ROOT else tree.depths[node]
+        while chain.start + depth < len(committed):  # the children of `node` guessed a committed position
+            position = chain.start + depth
+            if not tree.children(node):
+                return GuessTree([], [])  # the tree ends before the history does
+            child = tree.child_with(node, committed[position])
+            self._count(position, child is not None)
+            if child is None:
+                chain.dead_at = depth
+                return GuessTree([], [])
+            node, depth = child, depth + 1
+            chain.at = node
+        return tree.below(node)
 
     def after_pass(self, position: int, block: list[int], accepted: int) -> None:
         """A pass verified `block` at `position` and kept `accepted` guesses (device thread)."""
@@ -125,6 +163,12 @@ class StreamDrafts:
             if chain.tokens[position - chain.start: position - chain.start + len(block)] == block:
                 chain.dead_at = position - chain.start + accepted
 
+    def after_tree_pass(self, position: int, accepted: int, refused: bool) -> None:
+        """A pass walked a tree at `position` and kept `accepted` guesses; `refused`: the node it
+        stopped at had children, none of which was the target's pick (device thread)."""
+        for i in range(accepted + refused):
+            self._count(position + i, i < accepted)
+
     def _count(self, position: int, right: bool) -> None:
         """One tested guess, counted once per position (a position is tested once, as passed or in a pass)."""
         if position < self.counted_upto:
@@ -134,7 +178,21 @@ class StreamDrafts:
         self._tested = self._tested * MEMORY + 1.0
 
 
-def best_block(available: int, acceptance: float, seconds, unrun: int, so_far: PassSoFar) -> int:
+def tree_chances(tree: GuessTree, acceptance: float) -> list[float]:
+    """The chance that each node of `tree` is kept, from the chain's acceptance: a first child is
+    right with the chance a chain's guess is, and the other children share what it leaves, at
+    that acceptance again (a second guess is right about as often as a first where the first
+    was wrong); a node is kept if its parent was and it is right."""
+    chances = []
+    for i, parent in enumerate(tree.parents):
+        siblings = tree.children(parent)
+        right = acceptance if siblings[0] == i else (1 - acceptance) * acceptance / (len(siblings) - 1)
+        chances.append(right * (chances[parent] if parent != ROOT else 1.0))
+    return chances
+
+
+def best_block(available: int, acceptance: float, seconds, unrun: int, so_far: PassSoFar,
+               chances: Sequence[float] | None = None) -> int:
     """How many of `available` guesses the pass verifies (0..available).
 
     The objective is the pass's committed tokens per second of device time, every member's:
@@ -144,6 +202,8 @@ def best_block(available: int, acceptance: float, seconds, unrun: int, so_far: P
     guess is taken). One session alone maximises its own rate; in a shared pass, a guess is
     taken only if it raises the rate of the whole pass, so blocks shrink where the device is
     bound by its arithmetic, and not where a pass costs the same for 1 or 100 tokens.
+    `chances[i]`, where given, is the chance that guess i is kept (a tree's: `tree_chances`);
+    a tree's first guesses are a tree, so the pass takes a prefix of its nodes.
     """
     if available <= 0 or seconds(1) is None:
         return max(available, 0)
@@ -151,7 +211,7 @@ def best_block(available: int, acceptance: float, seconds, unrun: int, so_far: P
     expected, chance = 0.0, 1.0
     for b in range(available + 1):
         if b:
-            chance *= acceptance
+            chance = chance * acceptance if chances is None else chances[b - 1]
             expected += chance
         cost = seconds(so_far.tokens + unrun + b)
         rate = (so_far.expected + 1.0 + expected) / max(cost, 1e-9)

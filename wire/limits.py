@@ -74,3 +74,9 @@ BATCH_TOKENS = 256
 MAX_DIST_TOKENS = 1024  # ids in one draft distribution (specwire's drafter sends at most 64)
 MAX_STOP_IDS = 256  # stop_ids of one Generate (a chat template has a handful of end tokens)
 MAX_DRAFT_SOURCE_CHARS = 16  # a Verify's draft_source names a drafter ("model", "ngram"), not a sentence
+# A Draft's tree of guesses (wire/draft_tree.py): SpecEdge sends 32 nodes 4 deep and Sequoia's
+# trees reach a few hundred nodes; a pass verifies at most --max-draft of them anyway, so these
+# bound only what one frame may make the service read and index.
+MAX_TREE_NODES = 256
+MAX_TREE_DEPTH = 64
+MAX_TREE_WIDTH = 16  # children of one node: a drafter branches where it is unsure among a few tokens

@@ -160,6 +160,13 @@ class Draft(msgspec.Struct, tag="draft"):
     each guess it keeps is the token the target itself chose there, greedy or sampled
     (wire/sampling.py `race_choice`), so drafts change how fast the stream goes, never what
     it says. No reply: the Generated frames say what was accepted.
+
+    A Draft may carry a tree instead of a chain (`parents`, wire/draft_tree.py): node i
+    guesses the token after node parents[i] (-1: after the token at start - 1), nodes at
+    depth d are guesses for position start + d - 1, and the pass keeps, at each node, the
+    child that equals the target's pick. A tree is not continued: a later Draft, tree or
+    chain, replaces it. A service whose Welcome says `trees` is false verifies the tree's
+    first-choice path (the chain of first children) only.
     """
 
     seq: int
@@ -167,6 +174,7 @@ class Draft(msgspec.Struct, tag="draft"):
     start: int
     tokens: list[int]
     source: str = ""  # who drafted: "model", "ngram"
+    parents: list[int] = []  # each token's parent node (-1: the token before the tree); empty: a chain
 
 
 class Cancel(msgspec.Struct, tag="cancel"):
@@ -202,6 +210,7 @@ class Welcome(msgspec.Struct, tag="welcome"):
     max_frame_bytes: int = 0  # 0: not stated
     idle_timeout_s: float = 0.0  # a session silent this long, both ways, is closed (0: not stated)
     pass_costs: list[PassCost] = []  # the device's cost curve c(n), a few sizes (empty: not stated)
+    trees: bool = False  # a Draft's tree is verified with tree attention (false: its first-choice path only)
 
 
 class Verdict(msgspec.Struct, tag="verdict"):

@@ -13,6 +13,9 @@ times `time_scale`. The inner backend is
 - a real tiny-model backend (llama.cpp) for sampled runs and tests, whose own compute time
   counts towards the profile's.
 
+A tree of guesses (remote_verify/backends/target.py `Pass.tree`) is passed to the inner backend
+when it has tree attention, and costed as any pass, by the tokens it feeds: its nodes.
+
 A pass whose inner work outlasts the profile is not shortened: `overrun_s` adds up the
 time by which passes ran over, so a run can say how far its machine kept up.
 """
@@ -43,9 +46,13 @@ class ReplayCache:
 
 
 class ReplayTarget:
-    """The default pair's target, replayed: its greedy choice at every position of the recorded paths."""
+    """The default pair's target, replayed: its greedy choice at every position of the recorded paths.
+
+    A tree of guesses is replayed too: a node whose ancestors follow the recorded path scores the
+    path's next token, as the real target would after that text; the others are never decisive."""
 
     batch_invariant = True
+    tree_attention = True
 
     def __init__(self, recording: Recording, vocab_gguf: Path, max_context: int = 4096):
         from local_draft.draft_model import DraftModel
@@ -71,10 +78,14 @@ class ReplayTarget:
             else:
                 cache.on_path = min(cache.on_path, length - len(cache.entry.prompt))
 
-    def forward(self, cache: ReplayCache, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+    def forward(self, cache: ReplayCache, tokens: Sequence[int], n_logits: int,
+                tree: Sequence[int] | None = None) -> np.ndarray:
         """One-hot logits (n_logits, V) at the recorded argmax, for callers that want logits (the
         service's cost calibration, which runs a made-up history: that scores end-of-text)."""
-        ids = self._append(cache, tokens, n_logits, strict=False)
+        if tree is not None:
+            ids = self._append_tree(cache, tokens, n_logits, tree)
+        else:
+            ids = self._append(cache, tokens, n_logits, strict=False)
         logits = np.zeros((n_logits, self.vocab_size), dtype=np.float32)
         logits[np.arange(n_logits), ids] = 1.0
         return logits
@@ -84,8 +95,55 @@ class ReplayTarget:
         for item in passes:
             if not item.argmax_only:
                 raise ReplayError("the replay holds the greedy path only: run sampled emulation on the tiny models")
-            results.append(self._append(item.cache, item.tokens, item.n_logits))
+            if item.tree is not None:
+                results.append(self._append_tree(item.cache, item.tokens, item.n_logits, item.tree))
+            else:
+                results.append(self._append(item.cache, item.tokens, item.n_logits))
         return results
+
+    def _append_tree(self, cache: ReplayCache, tokens: Sequence[int], n_logits: int,
+                     parents: Sequence[int]) -> np.ndarray:
+        """The ids of a pass whose last tokens are a tree: the rows before it as `_append` gives them,
+        then each node's, read at the path index after its depth (the tree's nodes are cached in
+        node order; `keep_path` keeps the kept ones)."""
+        head = len(tokens) - len(parents)
+        before = self._append(cache, tokens[:head], n_logits - len(parents))
+        entry, prompt = cache.entry, len(cache.entry.prompt)
+        after = len(cache.tokens) - prompt  # path index of the tree's first guesses
+        on_path = cache.on_path == after
+        follows: list[bool] = []  # node i's text so far is the recorded path
+        depths: list[int] = []
+        ids = np.empty(len(parents), dtype=np.int64)
+        for i, (token, parent) in enumerate(zip(tokens[head:], parents)):
+            depths.append(1 if parent < 0 else depths[parent] + 1)
+            index = after + depths[i] - 1  # the path index this node guessed
+            follows.append((on_path if parent < 0 else follows[parent]) and index < len(entry.path)
+                           and entry.path[index] == token)
+            predicted = index + 1
+            if predicted < len(entry.path):
+                ids[i] = entry.path[predicted]  # off the path it is never decisive
+            elif follows[i] and entry.stop == "max_tokens":
+                raise ReplayError(f"the recording holds {len(entry.path)} tokens after this prompt: record more "
+                                  "(python -m benchmarks.emulation.record --tokens N)")
+            else:
+                ids[i] = self.eos_id
+        cache.tokens += list(tokens[head:])
+        return np.concatenate([before, ids])
+
+    def keep_path(self, cache: ReplayCache, length: int, nodes: Sequence[int]) -> None:
+        tree = cache.tokens[length:]
+        self.truncate(cache, length)
+        cache.tokens += [tree[node] for node in nodes]
+        if cache.entry is not None:
+            self._follow(cache)
+
+    @staticmethod
+    def _follow(cache: ReplayCache) -> None:
+        """Count the cached tokens after the prompt that follow the recorded path."""
+        entry = cache.entry
+        after = cache.tokens[len(entry.prompt):]
+        while cache.on_path < min(len(after), len(entry.path)) and after[cache.on_path] == entry.path[cache.on_path]:
+            cache.on_path += 1
 
     def _append(self, cache: ReplayCache, tokens: Sequence[int], n_logits: int, strict: bool = True) -> np.ndarray:
         cache.tokens += list(tokens)
@@ -97,9 +155,7 @@ class ReplayTarget:
                 raise ReplayError(f"no recording starts like this history ({len(cache.tokens)} tokens): the replay "
                                   "knows the default prompt set only")
         entry, prompt = cache.entry, len(cache.entry.prompt)
-        after = cache.tokens[prompt:]
-        while cache.on_path < min(len(after), len(entry.path)) and after[cache.on_path] == entry.path[cache.on_path]:
-            cache.on_path += 1
+        self._follow(cache)
         ids = np.empty(n_logits, dtype=np.int64)
         for row in range(n_logits):
             predicted = len(cache.tokens) - n_logits + row + 1 - prompt  # the path index this row predicts
@@ -130,6 +186,7 @@ class EmulatedTarget:
         self.time_scale = time_scale
         self.name = f"emulated:{profile.name}"
         self.batch_invariant = inner.batch_invariant
+        self.tree_attention = getattr(inner, "tree_attention", False)
         self.vocab_size = inner.vocab_size
         self.max_context = inner.max_context
         self.bos_id, self.eos_id = inner.bos_id, inner.eos_id
@@ -151,10 +208,18 @@ class EmulatedTarget:
         if release is not None:
             release(cache.inner)
 
-    def forward(self, cache: EmulatedCache, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+    def keep_path(self, cache: EmulatedCache, length: int, nodes: Sequence[int]) -> None:
+        self.inner.keep_path(cache.inner, length, nodes)
+        cache.length = min(cache.length, length + len(nodes))
+
+    def forward(self, cache: EmulatedCache, tokens: Sequence[int], n_logits: int,
+                tree: Sequence[int] | None = None) -> np.ndarray:
         started = time.perf_counter()
         context = cache.length
-        logits = self.inner.forward(cache.inner, tokens, n_logits)
+        if tree is not None:
+            logits = self.inner.forward(cache.inner, tokens, n_logits, tree=tree)
+        else:
+            logits = self.inner.forward(cache.inner, tokens, n_logits)
         cache.length += len(tokens)
         self._hold(started, len(tokens), 1, context)
         return logits
@@ -162,8 +227,8 @@ class EmulatedTarget:
     def forward_many(self, passes: Sequence[Pass]) -> list[np.ndarray]:
         started = time.perf_counter()
         context = sum(item.cache.length for item in passes)
-        results = run_passes(self.inner, [Pass(item.cache.inner, item.tokens, item.n_logits, item.argmax_only)
-                                          for item in passes])
+        results = run_passes(self.inner, [Pass(item.cache.inner, item.tokens, item.n_logits, item.argmax_only,
+                                               item.tree) for item in passes])
         for item in passes:
             item.cache.length += len(item.tokens)
         self._hold(started, sum(len(item.tokens) for item in passes), len(passes), context)

@@ -8,6 +8,10 @@ needs), so the weights are read once for all of them; a roll back removes one se
 positions (`llama_memory_seq_rm`), no recompute. The service calls this from its single
 worker thread only.
 
+No tree attention (the session sends a tree's first-choice path): llama.cpp's way to a tree is a
+token in the sequences of every leaf below it, which needs a sequence per branch sharing one KV
+stream, while each session here is one sequence in a stream of its own (below: batch invariance).
+
 KV memory: a pool is allocated whole (its slots x max_context cells, float32 keys and values).
 A service's sessions live in one pool as long as it can hold them, because a pass runs one
 `llama_decode` per pool it touches: a pool of 1 slot for the first session, and when it is

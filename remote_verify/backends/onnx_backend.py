@@ -9,6 +9,9 @@ A roll back moves a length and copies nothing: the exported graph attends to as 
 cached positions as its `attention_mask` is long minus the new tokens, and ignores the
 rest (see `models.onnx_manifest`), so the rejected positions are simply never read again
 and are dropped from the next pass's output.
+
+No tree attention (the session sends a tree's first-choice path): the exported graph takes a 2D
+attention mask and builds its causal mask itself, so a pass cannot say which guesses see which.
 """
 
 from __future__ import annotations

@@ -100,37 +100,43 @@ class StaticQwen2:
         return angles.cos().to(self.device), angles.sin().to(self.device)
 
     def hidden(self, kv: StaticKV, rope: tuple[torch.Tensor, torch.Tensor], tokens: torch.Tensor,
-               slots: torch.Tensor, positions: torch.Tensor, keys_read: int) -> torch.Tensor:
+               slots: torch.Tensor, positions: torch.Tensor, keys_read: int, cells: torch.Tensor | None = None,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
         """Run R rows of T tokens; return the final-norm hidden states (R, T, D).
 
         tokens, positions: (R, T) int64; slots: (R,) int64. Writes every token's keys and
         values at (slots[r], positions[r, t]); reads keys 0..keys_read-1 of each row's slot.
+        A tree of guesses (torch_static.py) gives each token a cell of its own apart from its
+        rotary position (`cells`, (R, T): siblings share a position) and who sees whom (`mask`,
+        (R, T, L) bool); without them a token's cell is its position and attention is causal.
         """
         cos = rope[0][positions].to(self.dtype)[:, :, None, :]  # (R, T, 1, E)
         sin = rope[1][positions].to(self.dtype)[:, :, None, :]
-        key_pos = torch.arange(keys_read, device=self.device)
-        mask = key_pos[None, None, :] <= positions[:, :, None]  # (R, T, L): causal, per row
+        cells = positions if cells is None else cells
+        if mask is None:
+            key_pos = torch.arange(keys_read, device=self.device)
+            mask = key_pos[None, None, :] <= positions[:, :, None]  # (R, T, L): causal, per row
         group = self.shape.heads // self.shape.kv_heads
         mask = mask.repeat(1, group, 1)[:, None]  # (R, 1, group * T, L): see _attention
         x = F.embedding(tokens, self.embed)  # (R, T, D)
         for i, layer in enumerate(self.layers):
             x = x + self._attention(layer, rms_norm(x, layer.input_layernorm.weight, self.shape.eps),
-                                    kv.keys[i], kv.values[i], cos, sin, mask, slots, positions, keys_read)
+                                    kv.keys[i], kv.values[i], cos, sin, mask, slots, cells, keys_read)
             x = x + self._mlp(layer.mlp, rms_norm(x, layer.post_attention_layernorm.weight, self.shape.eps))
         return rms_norm(x, self.norm, self.shape.eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden, self.lm_head)  # (..., V)
 
-    def _attention(self, layer, x, k_cache, v_cache, cos, sin, mask, slots, positions, keys_read):
+    def _attention(self, layer, x, k_cache, v_cache, cos, sin, mask, slots, cells, keys_read):
         a, s = layer.self_attn, self.shape
         r, t, _ = x.shape
         q = F.linear(x, a.q_proj.weight, a.q_proj.bias).view(r, t, s.heads, s.head_dim)
         k = F.linear(x, a.k_proj.weight, a.k_proj.bias).view(r, t, s.kv_heads, s.head_dim)
         v = F.linear(x, a.v_proj.weight, a.v_proj.bias).view(r, t, s.kv_heads, s.head_dim)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        k_cache[slots[:, None], positions] = k  # (R, T, G, E) into each row's slot
-        v_cache[slots[:, None], positions] = v
+        k_cache[slots[:, None], cells] = k  # (R, T, G, E) into each row's slot
+        v_cache[slots[:, None], cells] = v
         keys = k_cache[slots, :keys_read].transpose(1, 2)  # (R, G, L, E): a gather of each row's slot
         values = v_cache[slots, :keys_read].transpose(1, 2)
         # The query heads that share a key/value head (head h uses h // group) become extra

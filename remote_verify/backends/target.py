@@ -1,5 +1,6 @@
 """The target backends' interface: what a session needs from a target model, one session's
-share of a forward pass, running several sessions' passes, and the refusal when no cache is left.
+share of a forward pass (a chain, or a tree of guesses where the backend has tree attention),
+running several sessions' passes, and the refusal when no cache is left.
 
 The backends and the factory (factory.py) import this module; it imports none of them.
 """
@@ -34,6 +35,12 @@ class TargetBackend(Protocol):
     def truncate(self, cache: Any, length: int) -> None:
         """Drop every cached position from `length` on (roll back without recomputing)."""
 
+    # A backend with tree attention (`tree_attention = True`) also takes passes whose last tokens
+    # are a tree of guesses (`Pass.tree`: `forward(..., tree=parents)`), and has
+    #     keep_path(cache, length, nodes): keep cached positions 0..length-1, then the tree nodes
+    #         `nodes` (indices into the last pass's tree, root first), in that order, and nothing else.
+    # One without it is given chains only (the session sends a tree's first-choice path).
+
 
 class CacheFull(RuntimeError):
     """No KV cache can be allocated for another session now (`new_cache`); the session is
@@ -51,6 +58,10 @@ class Pass:
     tokens: Sequence[int]
     n_logits: int
     argmax_only: bool = False
+    # A tree of guesses: the parents of the last len(tree) tokens (wire/draft_tree.py; -1: the token
+    # before them). Node i sees the cache, the tokens before the tree and its own ancestors only, at
+    # position (that token's) + its depth; its result row is n_logits - len(tree) + i. None: causal.
+    tree: Sequence[int] | None = None
 
 
 def run_passes(backend: TargetBackend, passes: Sequence[Pass]) -> list[np.ndarray]:
@@ -62,6 +73,9 @@ def run_passes(backend: TargetBackend, passes: Sequence[Pass]) -> list[np.ndarra
         return forward_many(passes)
     results = []
     for item in passes:
-        logits = backend.forward(item.cache, item.tokens, item.n_logits)  # (n_logits, V)
+        if item.tree is not None:
+            logits = backend.forward(item.cache, item.tokens, item.n_logits, tree=item.tree)  # (n_logits, V)
+        else:
+            logits = backend.forward(item.cache, item.tokens, item.n_logits)  # (n_logits, V)
         results.append(logits.argmax(axis=-1) if item.argmax_only else logits)
     return results

@@ -6,6 +6,13 @@ and cuBLAS, so a block scores ~1e-4 logits away from the same tokens decoded one
 Padding every pass to a fixed row count keeps the bits on this MKL but not provably, and
 costs more than the block saves; with `batch_invariant=True` a block is decoded token by
 token instead: exact by construction, and as slow as the target alone.
+
+Tree attention (a pass whose guesses are a tree: remote_verify/backends/target.py `Pass.tree`)
+is a 4D additive mask and explicit position ids handed to the Hugging Face model: each node
+sees the cache, the tokens before the tree and its own ancestors, at the position of its
+depth. Its keys and values land in the cache in node order; `keep_path` then keeps the
+history and the kept path only, moved together (their rotary positions are those of the
+path already). Not in the batch-invariant mode, which decodes a token at a time.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ class TorchTarget:
         self.eos_id = int(eos[0] if isinstance(eos, list) else eos) if eos is not None else -1
         self.name = f"torch:{self.device.type}"
         self.batch_invariant = batch_invariant
+        self.tree_attention = not batch_invariant
         log.info("target %s on %s (%s), vocab %d", self.path, self.device, dtype, self.vocab_size)
 
     def token_texts(self) -> list[bytes]:
@@ -58,8 +66,11 @@ class TorchTarget:
         return DynamicCache()
 
     @torch.inference_mode()
-    def forward(self, cache: DynamicCache, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+    def forward(self, cache: DynamicCache, tokens: Sequence[int], n_logits: int,
+                tree: Sequence[int] | None = None) -> np.ndarray:
         tokens = list(tokens)
+        if tree is not None:
+            return self._forward_tree(cache, tokens, n_logits, list(tree))
         if self.batch_invariant and n_logits > 1:
             head = tokens[:len(tokens) - n_logits]
             rows = [self._forward(cache, head + tokens[len(head):len(head) + 1], 1)]
@@ -73,9 +84,79 @@ class TorchTarget:
                          logits_to_keep=n_logits)
         return out.logits[0, -n_logits:].float().cpu().numpy()  # (n_logits, V)
 
+    def _forward_tree(self, cache: DynamicCache, tokens: list[int], n_logits: int, parents: list[int]) -> np.ndarray:
+        past = cache.get_seq_length()
+        mask, positions = tree_mask(past, len(tokens), parents)  # (n, past + n) bool, (n,)
+        additive = torch.zeros(mask.shape, dtype=self.model.dtype)
+        additive[~mask] = torch.finfo(self.model.dtype).min
+        input_ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=n_logits,
+                         attention_mask=additive[None, None].to(self.device),
+                         position_ids=positions[None].to(self.device))
+        return out.logits[0, -n_logits:].float().cpu().numpy()  # (n_logits, V)
+
+    def keep_path(self, cache: DynamicCache, length: int, nodes: Sequence[int]) -> None:
+        """Keep cached positions 0..length-1 and then the tree nodes `nodes` of the last pass (whose
+        tree began where the history ends: node i at cell length + i), dropping every other node."""
+        keep = torch.cat([torch.arange(length), length + torch.tensor(list(nodes), dtype=torch.long)])
+        keep = keep.to(self.device)
+        for layer in kv_layers(cache):
+            layer.keys = layer.keys.index_select(-2, keep)  # (1, heads, cells, head_dim)
+            layer.values = layer.values.index_select(-2, keep)
+
     def truncate(self, cache: DynamicCache, length: int) -> None:
         # crop(-n) drops the last n positions in every transformers release we support
         surplus = cache.get_seq_length() - length
         if surplus > 0:
             cache.crop(-surplus)
 
+
+
+def tree_mask(past: int, n: int, parents: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Who sees whom in a pass of `n` tokens after `past` cached ones whose last len(parents) are a
+    tree: (n, past + n) bool (True: may attend) and each token's position (n,). The tokens before
+    the tree are causal; node i sees them, its ancestors and itself, at their last position + depth."""
+    head = n - len(parents)  # tokens before the tree (at least the last committed one)
+    mask = torch.ones(n, past + n, dtype=torch.bool).tril(past)  # causal: row r sees columns <= past + r
+    positions = torch.arange(past, past + n)
+    for i, parent in enumerate(parents):
+        row = head + i
+        mask[row, past + head:] = False
+        if parent >= 0:
+            mask[row, past + head:past + head + parent + 1] = mask[head + parent, past + head:past + head + parent + 1]
+            positions[row] = positions[head + parent] + 1
+        else:
+            positions[row] = past + head
+        mask[row, past + row] = True
+    return mask, positions
+
+
+def kv_layers(cache: DynamicCache) -> list:
+    """The cache's layers, each with `keys` and `values` (batch, heads, cells, head_dim) to assign."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return layers
+    return [_LegacyLayer(cache, i) for i in range(len(cache.key_cache))]  # transformers before 4.54
+
+
+class _LegacyLayer:
+    """A layer of a DynamicCache that keeps its tensors in key_cache / value_cache lists."""
+
+    def __init__(self, cache, index: int):
+        self.cache, self.index = cache, index
+
+    @property
+    def keys(self):
+        return self.cache.key_cache[self.index]
+
+    @keys.setter
+    def keys(self, value):
+        self.cache.key_cache[self.index] = value
+
+    @property
+    def values(self):
+        return self.cache.value_cache[self.index]
+
+    @values.setter
+    def values(self, value):
+        self.cache.value_cache[self.index] = value

@@ -20,6 +20,12 @@ The path a serving engine takes instead of Hugging Face eager with a DynamicCach
 Padding writes: a padding token of a real row writes its keys at position `context` of its
 slot, which no valid query ever reads (valid positions are < context); padding rows of a
 graph use the scratch slot.
+
+A tree of guesses (`Pass.tree`) has siblings at one position, so its nodes' keys go to cells
+of their own (after the history, in node order) apart from their rotary positions (by depth),
+and a mask says who sees whom (the history and its ancestors); `keep_path` then copies the
+kept nodes' cells after the history. A graph takes no mask: a forward holding a tree runs
+eagerly.
 """
 
 from __future__ import annotations
@@ -135,6 +141,16 @@ class StaticEngine:
         cache.length = min(cache.length, max(length, 0))
 
     @torch.inference_mode()
+    def keep_path(self, cache: SlotCache, length: int, nodes: Sequence[int]) -> None:
+        """Move the kept tree nodes' keys and values (cells length + node) to the cells after the
+        history, in path order (their rotary positions are those cells already), and cut the rest."""
+        if list(nodes) != list(range(len(nodes))):  # a path of first nodes is in place already
+            source = torch.tensor([length + node for node in nodes], dtype=torch.long, device=self.device)
+            for cache_tensor in self.kv.keys + self.kv.values:
+                cache_tensor[cache.slot, length:length + len(nodes)] = cache_tensor[cache.slot, source]  # gathered first
+        cache.length = min(cache.length, length + len(nodes))
+
+    @torch.inference_mode()
     def forward_many(self, passes: Sequence[Pass]) -> list[np.ndarray]:
         """Every pass in as few forwards as there are block buckets among them (one, in a round)."""
         for item in passes:
@@ -164,7 +180,8 @@ class StaticEngine:
                              f"{self.context} positions (serve with a larger --max-context)")
 
     def _run(self, passes: list[Pass], bucket: int) -> list[np.ndarray]:
-        graphed = self.graphs is not None and bucket <= BLOCK_BUCKETS[-1]
+        trees = any(item.tree is not None for item in passes)  # a graph takes no mask: trees run eagerly
+        graphed = self.graphs is not None and bucket <= BLOCK_BUCKETS[-1] and not trees
         rows = row_bucket(len(passes)) if graphed else len(passes)
         width = bucket if graphed else max(len(item.tokens) for item in passes)
         tokens = np.zeros((rows, width), dtype=np.int64)
@@ -177,7 +194,11 @@ class StaticEngine:
             positions[r, :n] = np.arange(start, start + n)
             slots[r] = item.cache.slot
             wanted.extend(range(r * width + n - item.n_logits, r * width + n))
-        keys_read = keys_bucket(int(positions[positions < self.context].max()) + 1, self.context + 1)
+        cells = positions.copy()  # where each token's keys go: its position, but for a tree's nodes
+        for r, item in enumerate(passes):
+            if item.tree is not None:
+                positions[r] = tree_positions(positions[r], len(item.tokens), item.tree)
+        keys_read = keys_bucket(int(cells[cells < self.context].max()) + 1, self.context + 1)
         for slot in set(slots.tolist()):
             self.kv.make_readable(slot, keys_read)
 
@@ -186,6 +207,13 @@ class StaticEngine:
 
         if graphed:
             hidden = self.graphs.run(as_tensor(tokens), as_tensor(positions), as_tensor(slots), keys_read)
+        elif trees:
+            mask = np.arange(keys_read)[None, None, :] <= cells[:, :, None]  # (R, W, L): causal by cell
+            for r, item in enumerate(passes):
+                if item.tree is not None:
+                    tree_rows(mask[r], item.cache.length, len(item.tokens), item.tree)
+            hidden = self.model.hidden(self.kv, self.rope, as_tensor(tokens), as_tensor(slots),
+                                       as_tensor(positions), keys_read, as_tensor(cells), as_tensor(mask))
         else:
             hidden = self.model.hidden(self.kv, self.rope, as_tensor(tokens), as_tensor(slots),
                                        as_tensor(positions), keys_read)
@@ -210,6 +238,29 @@ class StaticEngine:
         return results
 
 
+def tree_positions(positions: np.ndarray, n: int, parents: Sequence[int]) -> np.ndarray:
+    """A row's positions (W,) with its last len(parents) real tokens a tree: each node at the position
+    after its parent's (a child of -1: after the token before the tree)."""
+    positions = positions.copy()
+    head = n - len(parents)
+    for i, parent in enumerate(parents):
+        positions[head + i] = positions[head + parent if parent >= 0 else head - 1] + 1
+    return positions
+
+
+def tree_rows(mask: np.ndarray, start: int, n: int, parents: Sequence[int]) -> None:
+    """Make a row's causal mask (W, L) a tree's: node i sees the cells before the tree, its
+    ancestors' and its own (the tree's cells are start + head ... in node order)."""
+    head = n - len(parents)
+    first = start + head  # the cell of node 0
+    for i, parent in enumerate(parents):
+        row = mask[head + i]
+        row[first:first + len(parents)] = False
+        if parent >= 0:
+            row[first:first + parent + 1] = mask[head + parent, first:first + parent + 1]
+        row[first + i] = True
+
+
 class TorchStaticTarget(TorchTarget):
     """TorchTarget on the static path: same model and vocabulary, served by a StaticEngine."""
 
@@ -220,6 +271,7 @@ class TorchStaticTarget(TorchTarget):
                                    cuda_graphs=cuda_graphs)
         self.max_context = self.engine.context
         self.name = f"torch-static:{self.device.type}"
+        self.tree_attention = True
 
     def new_cache(self) -> SlotCache:
         return self.engine.new_cache()
@@ -230,8 +282,12 @@ class TorchStaticTarget(TorchTarget):
     def truncate(self, cache: SlotCache, length: int) -> None:
         self.engine.truncate(cache, length)
 
-    def forward(self, cache: SlotCache, tokens: Sequence[int], n_logits: int) -> np.ndarray:
-        return self.engine.forward_many([Pass(cache, list(tokens), n_logits)])[0]  # (n_logits, V)
+    def keep_path(self, cache: SlotCache, length: int, nodes: Sequence[int]) -> None:
+        self.engine.keep_path(cache, length, nodes)
+
+    def forward(self, cache: SlotCache, tokens: Sequence[int], n_logits: int,
+                tree: Sequence[int] | None = None) -> np.ndarray:
+        return self.engine.forward_many([Pass(cache, list(tokens), n_logits, tree=tree)])[0]  # (n_logits, V)
 
     def forward_many(self, passes: Sequence[Pass]) -> list[np.ndarray]:
         return self.engine.forward_many(passes)

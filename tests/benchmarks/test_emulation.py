@@ -17,6 +17,7 @@ from benchmarks.emulation.profiles import (
 from benchmarks.emulation.recording import DEFAULT_RECORDING, Recording
 from app.bench.prompts import PROMPTS
 from tests.conftest import RunningService, hello_for
+from wire.protocol import SamplingParams
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -154,3 +155,21 @@ def test_the_capacity_benchmark_writes_labelled_records(tiny, tiny_recording, tm
     listed = subprocess.run([sys.executable, "-m", "benchmarks.load", "--emulate", "list"], capture_output=True,
                             text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert listed.stdout.split() == profile_names()
+
+
+def test_the_replay_walks_trees_of_guesses_as_the_real_target_would(tiny, tiny_recording):
+    """Trees built from a recorded path (right tokens as later children) through the real service on
+    the replay: the stream is the recorded path, and the right branches are kept."""
+    from benchmarks.emulation.profiles import load_target_profile
+    from benchmarks.emulation.target import EmulatedTarget, ReplayTarget
+    from tests.remote_verify.test_tree_drafts import TOKENS, stream_with_trees
+
+    recording = Recording.load(tiny_recording)
+    replay = RunningService(EmulatedTarget(ReplayTarget(recording, tiny.draft), load_target_profile("a100-qwen2.5-1.5b")))
+    try:
+        entry = recording.entries[0]
+        made, accepted, said = stream_with_trees(replay, entry.prompt, entry.path[:TOKENS], SamplingParams(), None)
+    finally:
+        replay.close()
+    assert said and made == entry.path[:TOKENS]
+    assert accepted >= TOKENS // 4, accepted  # a pass of a few ms: some trees come after their positions

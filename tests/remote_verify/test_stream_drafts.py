@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from remote_verify.pass_costs import PassCosts
-from remote_verify.stream_drafts import PassSoFar, StreamDrafts, best_block
+import pytest
+
+from remote_verify.stream_drafts import PRIOR_ACCEPTANCE, PassSoFar, StreamDrafts, best_block, tree_chances
+from wire.draft_tree import GuessTree
 from wire.cost_curve import interpolate
 from wire.protocol import Draft
 
@@ -57,6 +60,40 @@ def test_a_refused_guess_kills_the_rest_of_its_chain_and_counts_in_the_acceptanc
     drafts.after_pass(6, block[:3], accepted=1)
     assert drafts.block(COMMITTED + [7, 42]) == ([], "")
     assert drafts.acceptance < before
+
+
+def test_a_tree_is_followed_down_the_committed_history_and_gives_what_lies_below():
+    """A tree guessed at position 5: the history took 6 (its second child), so the pass's block is
+    the tree below that node; a history that took a token no child guessed kills the tree."""
+    drafts = StreamDrafts(seq=1)
+    drafts.receive(Draft(seq=1, chain=1, start=5, tokens=[9, 6, 8, 7, 3], parents=[-1, -1, 0, 1, 1]))
+    tree, _ = drafts.pending(COMMITTED)
+    assert (tree.tokens, tree.parents) == ([7, 3], [-1, -1])
+    assert drafts.acceptance > PRIOR_ACCEPTANCE  # the guess for position 5 was right
+    tree, _ = drafts.pending(COMMITTED + [3])  # a later pass: the history went on through node 4
+    assert tree.tokens == []
+    assert drafts.chain.dead_at is None
+    drafts.receive(Draft(seq=1, chain=2, start=5, tokens=[9, 8], parents=[-1, -1]))
+    assert drafts.pending(COMMITTED)[0].tokens == [] and drafts.chain.dead_at == 0
+
+
+def test_a_later_draft_of_a_trees_chain_replaces_the_tree():
+    """A tree is not continued: a chain Draft with its number replaces it whole."""
+    drafts = StreamDrafts(seq=1)
+    drafts.receive(Draft(seq=1, chain=1, start=6, tokens=[7, 8], parents=[-1, -1]))
+    drafts.receive(Draft(seq=1, chain=1, start=6, tokens=[9, 10]))
+    assert drafts.chain.tree is None and drafts.block(COMMITTED) == ([9, 10], "")
+
+
+def test_a_trees_nodes_are_priced_by_their_chance_of_being_kept():
+    """A first child is kept as often as a chain's guess; its siblings share what it leaves; a
+    node is kept only if its parent is."""
+    tree = GuessTree([1, 2, 3, 4], [-1, -1, -1, 0])
+    chances = tree_chances(tree, 0.8)
+    assert chances[0] == pytest.approx(0.8) and chances[3] == pytest.approx(0.64)
+    assert chances[1] == chances[2] == pytest.approx(0.2 * 0.8 / 2)
+    flat = lambda n: interpolate([(1, 0.010), (33, 0.011)], n)  # noqa: E731
+    assert best_block(4, 0.8, flat, 1, PassSoFar(), chances) == 4
 
 
 def test_a_flat_cost_curve_verifies_every_guess_and_a_steep_one_few():
