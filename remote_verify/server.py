@@ -27,6 +27,7 @@ import signal
 import ssl
 import time
 from dataclasses import dataclass
+import functools
 from functools import partial
 from typing import Callable
 
@@ -42,6 +43,7 @@ from wire.service_proof import CHALLENGE_HEADER, MAX_CHALLENGE_CHARS, PROOF_HEAD
 from remote_verify.frames import BadFrame, FrameReader, frame_cost, hello_problems
 from remote_verify.idle import IdleClock
 from remote_verify.limits import TokenBucket
+from wire.grammar import KINDS as grammar_kinds, available as grammars_available
 from wire.limits import ServiceLimits
 from remote_verify.logs import printable, session_log
 from remote_verify.memory import give_back_free_memory, kv_memory_problem
@@ -487,7 +489,7 @@ class VerifyService:
                 session_id=session.id, max_context=self.limits.max_context, max_draft=self.limits.max_draft,
                 vocab_size=backend.vocab_size, target=backend.name, capabilities=self._capabilities(),
                 max_frame_bytes=self.guard.max_frame_bytes, idle_timeout_s=self.guard.idle_timeout_s,
-                pass_costs=self.queue.costs.curve())))
+                pass_costs=self.queue.costs.curve(), grammars=self._grammars)))
         except ConnectionClosed:
             await self._close_session(session)
             return None
@@ -504,6 +506,11 @@ class VerifyService:
             await self.queue.run(session.id, session.ensure_cache)
         except (SessionError, QueueClosed) as exc:
             session_log(log, session.id).info("no KV cache yet: %s", exc)
+
+    @functools.cached_property
+    def _grammars(self) -> list[str]:
+        """The Grammar kinds a Generate may carry here: every kind, where llguidance is installed."""
+        return list(grammar_kinds) if grammars_available() else []
 
     def _capabilities(self) -> list[str]:
         capabilities = ["greedy", "sampling", "sync", "generate", "drafts"]  # drafts: Draft frames in a stream

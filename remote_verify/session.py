@@ -15,7 +15,9 @@ last token and the client's pending guesses the pass chose to verify (remote_ver
 stream_drafts.py), keeps the guesses that equal the target's own pick and commits the
 target's token after them. The target's pick at position n is its argmax (greedy) or the
 race of its warped distribution over the session's clocks for n (wire/sampling.py), the same
-whether a guess was there or not: a stream's text is a function of the seed alone.
+whether a guess was there or not: a stream's text is a function of the seed alone. A Generate
+with a grammar masks the target's logits first (wire/grammar.py): the pick is then the
+constrained target's, and a guess is kept only where it equals that.
 
 A long feed (a prompt, the history after a Sync) is prefilled in pieces when the device queue
 asks (`Shareable.split`, remote_verify/scheduler.py): the request is checked and its appended
@@ -40,8 +42,9 @@ from remote_verify.memory import give_back_free_memory
 from remote_verify.pass_costs import PassCosts
 from remote_verify.scheduler import Planned, Shareable
 from remote_verify.stream_drafts import PassSoFar, StreamDrafts, best_block
+from wire import grammar as grammars
 from wire.limits import MAX_STOP_IDS
-from wire.protocol import Generate, SamplingParams, SparseDist, Sync, Synced, Verdict, Verify
+from wire.protocol import Generate, Grammar, SamplingParams, SparseDist, Sync, Synced, Verdict, Verify
 from wire.randomness import DecisionRandomness, seed_problem
 from wire.sampling import race_choice, warp
 
@@ -93,6 +96,7 @@ class Session:
         self.cached_len = 0  # positions in the cache
         self.last_seq = 0
         self._prefill_s = 0.0  # forward seconds of the prefill pieces before the round in progress
+        self.grammar: grammars.TokenConstraint | None = None  # the running stream's, if its Generate has one
 
     def verify(self, request: Verify) -> Verdict:
         """Verify one block in a pass of its own."""
@@ -209,8 +213,33 @@ class Session:
                                                f"of {self.limits.max_context}")
         self.check_tokens(request.append, "append")
         self.check_tokens(request.stop_ids, "stop_ids")
+        constraint = self._constraint(request.grammar, self.committed + list(request.append), request.stop_ids)
         self.committed += list(request.append)
         self.last_seq = request.seq
+        self.grammar = constraint
+
+    def _constraint(self, grammar: Grammar | None, history: list[int], stop_ids: list[int]):
+        """The compiled grammar of a Generate, following what it constrained already (a resumed
+        stream); SessionError bad_grammar when it cannot apply."""
+        if grammar is None:
+            return None
+        if not grammars.available():
+            raise SessionError("bad_grammar", "this service cannot apply grammars (llguidance is not installed)")
+        if not stop_ids:
+            raise SessionError("bad_grammar", "a grammar needs stop_ids: the tokens that may end its value")
+        if grammar.start > len(history):
+            raise SessionError("bad_grammar", f"the grammar starts at position {grammar.start}, after the "
+                                              f"history's end ({len(history)})")
+        backend = self.backend
+        try:
+            vocab = grammars.vocab_for(f"{type(backend).__name__}:{id(backend)}", load=backend.token_texts,
+                                       n_vocab=backend.vocab_size)
+            constraint = grammars.TokenConstraint(grammar, vocab, stop_ids)
+        except grammars.GrammarError as exc:
+            raise SessionError("bad_grammar", str(exc)) from exc
+        if not constraint.follow(history[grammar.start:]):
+            raise SessionError("bad_grammar", f"the tokens made since position {grammar.start} break the grammar")
+        return constraint
 
     def generate_step(self) -> tuple[int, float, float]:
         """One token by the target alone, in a pass of its own; returns (token, when the step
@@ -273,13 +302,13 @@ class Session:
         def finish(result: np.ndarray, forward_s: float) -> StreamStep:
             # result: (b + 1,) argmax ids (greedy) or (b + 1, V) logits; row i scores position + i
             accepted = 0
-            while accepted < len(block) and block[accepted] == self._target_pick(result, position, accepted):
+            while accepted < len(block) and block[accepted] == self._target_pick(result, position, accepted, block):
                 accepted += 1
             ends = [i for i, token in enumerate(block[:accepted]) if token in stop_ids]
             if ends:  # the stream ends at a kept stop token: nothing of the target's after it
                 made = block[: ends[0] + 1]
             else:
-                made = block[:accepted] + [self._target_pick(result, position, accepted)]
+                made = block[:accepted] + [self._target_pick(result, position, accepted, block)]
             self.committed += made
             self.cached_len = len(self.committed) - 1
             self.backend.truncate(self.cache, self.cached_len)
@@ -289,15 +318,28 @@ class Session:
             return StreamStep(made, min(accepted, len(made)), len(block), source if block else "", started,
                               forward_s, so_far.tokens, so_far.sessions)
 
-        return Planned(Pass(self.cache, unrun + block, len(block) + 1, argmax_only=self.sampling.greedy),
+        # a grammar masks logits, so a greedy pass returns them too, not its argmax
+        argmax_only = self.sampling.greedy and self.grammar is None
+        return Planned(Pass(self.cache, unrun + block, len(block) + 1, argmax_only=argmax_only),
                        finish, self._undo, expected)
 
-    def _target_pick(self, result: np.ndarray, position: int, row: int) -> int:
-        """The target's token at position + row: its argmax, or the race of its warped distribution
-        over this session's clocks for that position."""
-        if self.sampling.greedy:
-            return int(result[row])
-        probs = warp(result[row], self.sampling)
+    def _target_pick(self, result: np.ndarray, position: int, row: int, block: list[int]) -> int:
+        """The target's token at position + row (after the committed history and block[:row]): its
+        argmax, or the race of its warped distribution over this session's clocks for that
+        position; under a grammar, of its logits with every token the grammar refuses masked out,
+        before anything else."""
+        if self.grammar is None:
+            if self.sampling.greedy:
+                return int(result[row])
+            logits = result[row]
+        else:
+            made = self.committed + block[:row]  # the committed history ends at `position`
+            if not self.grammar.follow(made[self.grammar.grammar.start:]):
+                raise RuntimeError("the stream left its grammar")  # only masked picks are committed
+            logits = self.grammar.mask(result[row])
+            if self.sampling.greedy:
+                return int(np.argmax(logits))
+        probs = warp(logits, self.sampling)
         return race_choice(probs, self.randomness.race(position + row, probs.shape[0]))
 
     def sync(self, request: Sync) -> Synced:

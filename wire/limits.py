@@ -74,3 +74,4 @@ BATCH_TOKENS = 256
 MAX_DIST_TOKENS = 1024  # ids in one draft distribution (specwire's drafter sends at most 64)
 MAX_STOP_IDS = 256  # stop_ids of one Generate (a chat template has a handful of end tokens)
 MAX_DRAFT_SOURCE_CHARS = 16  # a Verify's draft_source names a drafter ("model", "ngram"), not a sentence
+MAX_GRAMMAR_BYTES = 64 * 1024  # a Generate's JSON schema: OpenAI caps a strict schema at a few thousand properties

@@ -132,6 +132,20 @@ class Sync(msgspec.Struct, tag="sync"):
     seed: int | None = None
 
 
+class Grammar(msgspec.Struct, frozen=True):
+    """A constraint on the tokens a generation may make (wire/grammar.py compiles it).
+
+    `kind` "json_schema": the output is one JSON value valid under `schema` (JSON text);
+    "json_object": any JSON object (`schema` unused). The tokens from absolute position
+    `start` on are constrained: a stream resumed after a lost connection says where the
+    constrained reply began, and the tokens already made since are checked against it.
+    """
+
+    kind: str
+    schema: str = ""
+    start: int = 0
+
+
 class Generate(msgspec.Struct, tag="generate"):
     """Server-only decoding: extend the history by `append`, then let the target continue alone.
 
@@ -145,6 +159,10 @@ class Generate(msgspec.Struct, tag="generate"):
     append: list[int] = []
     max_tokens: int = 128
     stop_ids: list[int] = []
+    # None: the target's own distribution; else only tokens the grammar allows (a stop token
+    # once the grammar's value is complete), applied to the target's logits before anything
+    # else, so the stream is the constrained target's whatever was guessed
+    grammar: Grammar | None = None
 
 
 class Draft(msgspec.Struct, tag="draft"):
@@ -202,6 +220,7 @@ class Welcome(msgspec.Struct, tag="welcome"):
     max_frame_bytes: int = 0  # 0: not stated
     idle_timeout_s: float = 0.0  # a session silent this long, both ways, is closed (0: not stated)
     pass_costs: list[PassCost] = []  # the device's cost curve c(n), a few sizes (empty: not stated)
+    grammars: list[str] = []  # the Grammar kinds a Generate may carry (empty: none; an older service)
 
 
 class Verdict(msgspec.Struct, tag="verdict"):

@@ -1,0 +1,112 @@
+"""Under a grammar the default mode gives the constrained target's text exactly, and it parses."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import msgspec
+import numpy as np
+import pytest
+
+from local_draft.stream_speculator import GrammarUnsupported, StreamSpeculator
+from local_draft.verify_client import VerifyClient
+from wire import grammar as grammars
+from wire.protocol import Grammar, SamplingParams
+from tests.conftest import hello_for
+
+SCHEMAS = [
+    {"type": "object", "properties": {"ok": {"type": "boolean"}, "kind": {"enum": ["self", "def", "return"]}},
+     "required": ["ok", "kind"], "additionalProperties": False},
+    {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99},
+                                      "tags": {"type": "array", "items": {"enum": ["a", "the"]}, "maxItems": 3}},
+     "required": ["n", "tags"], "additionalProperties": False},
+    {"type": "object", "properties": {"inner": {"type": "object", "properties": {"x": {"type": "number",
+                                                                                       "minimum": -5, "maximum": 5}},
+                                                "required": ["x"], "additionalProperties": False},
+                                      "word": {"type": "string", "pattern": "^[a-z]{1,6}$"}},
+     "required": ["inner", "word"], "additionalProperties": False},
+]
+PROMPTS = ["Reply in JSON:", "def f(x):"]
+MAX_TOKENS = 60
+
+
+def grammar_of(schema: dict) -> Grammar:
+    return Grammar("json_schema", json.dumps(schema))
+
+
+def constrained_target_alone(target, context: list[int], grammar: Grammar, end_ids, n: int) -> list[int]:
+    """Greedy continuation by the target backend itself, its logits masked by the grammar, one token at a time."""
+    vocab = grammars.vocab_for(f"reference:{id(target)}", load=target.token_texts, n_vocab=target.vocab_size)
+    constraint = grammars.TokenConstraint(grammar, vocab, end_ids)
+    cache, tokens = target.new_cache(), []
+    logits = target.forward(cache, context, 1)
+    for _ in range(n):
+        assert constraint.follow(tokens)
+        tokens.append(int(constraint.mask(logits[-1]).argmax()))
+        if tokens[-1] in end_ids:
+            break
+        logits = target.forward(cache, tokens[-1:], 1)
+    return tokens
+
+
+def reply_json(draft, tokens: list[int]):
+    text = b"".join(draft.token_bytes(t) for t in tokens if t not in draft.end_ids)
+    return json.loads(text)
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=["enum-bool", "int-array", "nested-pattern"])
+def test_greedy_stream_with_a_schema_is_the_constrained_target_alone(service, target, close_draft, schema):
+    """Each backend, three schemas: the stream (guesses and all) equals the masked target step by step, and parses."""
+    end_ids = sorted(close_draft.end_ids)
+    client = VerifyClient(service.url, hello_for(close_draft))
+    assert "json_schema" in client.welcome.grammars
+    speculator = StreamSpeculator(close_draft, client, SamplingParams(), max_block=4, grammar=grammar_of(schema))
+    for prompt in PROMPTS:
+        context = close_draft.tokenize(prompt)
+        made = speculator.generate(context, MAX_TOKENS).token_ids
+        assert made == constrained_target_alone(target, context, grammar_of(schema), end_ids, MAX_TOKENS), prompt
+        assert made[-1] in end_ids, "the value was completed and ended"
+        jsonschema.validate(reply_json(close_draft, made), schema)
+    client.close()
+
+
+def test_a_mask_on_the_drafter_alone_is_caught(service_on, llamacpp_target, close_draft, monkeypatch):
+    """A planted bug: the service ignores the grammar (only the drafter masks); the parity check turns red."""
+    from remote_verify.session import Session
+
+    monkeypatch.setattr(Session, "_constraint", lambda self, grammar, history, stop_ids: None)
+    end_ids = sorted(close_draft.end_ids)
+    client = VerifyClient(service_on("llamacpp").url, hello_for(close_draft))
+    differs = 0
+    for schema in SCHEMAS:
+        speculator = StreamSpeculator(close_draft, client, SamplingParams(), max_block=4, grammar=grammar_of(schema))
+        context = close_draft.tokenize(PROMPTS[0])
+        made = speculator.generate(context, MAX_TOKENS).token_ids
+        differs += made != constrained_target_alone(llamacpp_target, context, grammar_of(schema), end_ids, MAX_TOKENS)
+    client.close()
+    assert differs == len(SCHEMAS)
+
+
+def test_the_drafter_guesses_inside_the_grammar(close_draft):
+    """Masked, the drafter's greedy and raced guesses are tokens the grammar allows."""
+    vocab = grammars.vocab_for(close_draft.vocab_fingerprint, n_vocab=close_draft.vocab_size,
+                               load=lambda: [close_draft.token_text(i) for i in range(close_draft.vocab_size)])
+    constraint = grammars.TokenConstraint(grammar_of(SCHEMAS[0]), vocab, close_draft.end_ids)
+    context = close_draft.tokenize(PROMPTS[1])
+    constraint.follow(close_draft.tokenize('{"ok":', add_bos=False))
+    allowed = constraint.allowed(close_draft.vocab_size)
+    assert 0 < allowed.sum() < 10
+    clocks = np.random.default_rng(0).exponential(size=close_draft.vocab_size)
+    assert allowed[close_draft.guess(context, SamplingParams(), None, allowed)]
+    assert allowed[close_draft.guess(context, SamplingParams(temperature=1.0), clocks, allowed)]
+
+
+def test_a_service_without_grammars_is_refused_the_request(service_on, close_draft):
+    """A Welcome that names no grammar kinds: the generation is refused, never run unconstrained."""
+    client = VerifyClient(service_on("llamacpp").url, hello_for(close_draft))
+    client.welcome = msgspec.structs.replace(client.welcome, grammars=[])
+    speculator = StreamSpeculator(close_draft, client, SamplingParams(), grammar=grammar_of(SCHEMAS[0]))
+    with pytest.raises(GrammarUnsupported, match="cannot apply a json_schema grammar"):
+        speculator.generate(close_draft.tokenize(PROMPTS[0]), MAX_TOKENS)
+    client.close()
