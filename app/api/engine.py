@@ -33,7 +33,8 @@ from local_draft.controller_memory import ControllerMemory
 from local_draft.draft_model import DraftModel, DraftModelError
 from local_draft.service_link import LinkState, OnState, ServiceLink
 from local_draft.verify_client import ServiceUnreachable, VerifyError
-from wire.protocol import SamplingParams
+from wire import grammar as grammars
+from wire.protocol import Grammar, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +154,8 @@ class ApiEngine:
             vocab = self.tokenizer.vocab_size
             if not all(0 <= token < vocab for token in prompt):
                 raise bad_request(f"`prompt` holds token ids outside the vocabulary (0 to {vocab - 1})", "prompt")
+        if request.grammar is not None:
+            self._check_grammar(request.grammar)
         limit = self.context_limit
         if len(prompt) >= limit:
             raise bad_request(f"This model's context is {limit:,} tokens, and the prompt alone takes "
@@ -160,6 +163,16 @@ class ApiEngine:
                               "messages" if request.kind == "chat" else "prompt", "context_length_exceeded")
         room = limit - len(prompt)
         return Job(request, prompt, min(request.max_tokens or room, room), received_at)
+
+    def _check_grammar(self, grammar: Grammar) -> None:
+        """A 400 now for a schema the grammar compiler refuses, not an error from the service later."""
+        tokenizer = self.tokenizer
+        try:
+            vocab = grammars.vocab_for(tokenizer.vocab_fingerprint, n_vocab=tokenizer.vocab_size,
+                                       load=lambda: [tokenizer.token_text(i) for i in range(tokenizer.vocab_size)])
+            grammars.TokenConstraint(grammar, vocab, self.end_ids)
+        except grammars.GrammarError as exc:
+            raise bad_request(f"`response_format`: {exc}", "response_format") from exc
 
     def run(self, job: Job, emit: Emit, should_stop: Callable[[], bool]) -> None:
         """Generate one request on this thread, reporting its events; ends early when `should_stop`."""

@@ -18,7 +18,7 @@ import time
 from typing import Callable, Protocol
 
 from app.api.drafters import DrafterPool
-from app.api.errors import ApiError, service_error
+from app.api.errors import ApiError, bad_request, service_error
 from app.api.events import Delta, Emit, Failed, Finished, Job
 from app.api.generator import HowToGenerate, build_generator
 from app.api.reply_text import ReplyText
@@ -27,6 +27,7 @@ from app.chat.settings import ChatSettings
 from local_draft.controller_memory import ControllerMemory
 from local_draft.draft_model import DraftModel
 from local_draft.generation_stats import GenerationStats
+from local_draft.stream_speculator import GrammarUnsupported
 from local_draft.service_link import ServiceLink
 from local_draft.verify_client import ServiceUnreachable, VerifyError
 
@@ -61,7 +62,7 @@ class RequestGeneration:
         self.should_stop = should_stop
         request = job.request
         self.how = HowToGenerate(request.params, request.seed, engine.models.k, engine.models.drafting,
-                                 engine.end_ids)
+                                 engine.end_ids, request.grammar)
         self.text = ReplyText(engine.tokenizer.token_bytes, engine.end_ids, request.stops)
         self.notes: list[str] = []  # what happened to the request's session, for the provenance
         self.stats: list[GenerationStats] = []  # one per generator (two after an n-gram request's fallback)
@@ -94,6 +95,9 @@ class RequestGeneration:
                                self._provenance(mode)))
         except ApiError as exc:
             self.emit(Failed(exc))
+        except GrammarUnsupported as exc:
+            self.emit(Failed(bad_request(f"`response_format` cannot be applied: {exc}", "response_format",
+                                         "unsupported_parameter")))
         except ServiceUnreachable as exc:
             self.emit(Failed(ApiError(503, f"{exc}: the reply stops here", code="service_unavailable",
                                       kind="server_error")))

@@ -14,12 +14,14 @@ and the log: not silently.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from app.api.errors import bad_request
 from local_draft.chat_template import Message
-from wire.protocol import SamplingParams
+from wire.grammar import grammar_problems
+from wire.protocol import Grammar, SamplingParams
 from wire.randomness import seed_problem
 
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default: a request that sends none samples
@@ -27,7 +29,7 @@ MAX_OPENAI_TEMPERATURE = 2.0  # OpenAI's range is 0 to 2
 MAX_STOPS = 64  # OpenAI takes 4; editors send more for code completion
 
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options", "n"}
-SUPPORTED = {"chat": COMMON | {"messages", "max_completion_tokens"}, "text": COMMON | {"prompt"}}
+SUPPORTED = {"chat": COMMON | {"messages", "max_completion_tokens", "response_format"}, "text": COMMON | {"prompt"}}
 
 
 def _absent_or(*neutral) -> Callable[[Any], bool]:
@@ -68,8 +70,6 @@ REFUSED = {
         "function_call": (_absent_or("none", "auto"), NO_TOOLS + "leave it out"),
         "logprobs": (_absent_or(False), NO_LOGPROBS + " or send false"),
         "top_logprobs": (_absent_or(0), NO_LOGPROBS),
-        "response_format": (lambda value: value is None or value == {"type": "text"},
-                            "there is no JSON mode or schema here: leave it out or send {\"type\": \"text\"}"),
         "audio": (_absent_or(), TEXT_MODEL),
         "modalities": (_absent_or(["text"]), TEXT_MODEL + ": leave it out or send [\"text\"]"),
         "prediction": (_absent_or(), "there are no predicted outputs here"),
@@ -111,6 +111,7 @@ class CompletionRequest:
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage
     ignored: tuple[str, ...] = ()  # fields received and ignored: named in the response
+    grammar: Grammar | None = None  # response_format json_object / json_schema: the reply is constrained to it
 
 
 def parse_request(kind: str, body: Any) -> CompletionRequest:
@@ -137,7 +138,8 @@ def parse_request(kind: str, body: Any) -> CompletionRequest:
                   stops=_stops(body), stream=stream, include_usage=include_usage)
     if kind == "chat":
         messages, message_ignored = _messages(body)
-        return CompletionRequest(messages=messages, ignored=ignored + message_ignored, **common)
+        return CompletionRequest(messages=messages, ignored=ignored + message_ignored,
+                                 grammar=_response_format(body.get("response_format")), **common)
     return CompletionRequest(prompt=_prompt(body), ignored=ignored, **common)
 
 
@@ -209,6 +211,27 @@ def _stops(body: dict) -> tuple[str, ...]:
     if any(each == "" for each in stops):
         raise bad_request("`stop` strings must not be empty", "stop")
     return tuple(stops)
+
+
+def _response_format(value: Any) -> Grammar | None:
+    """The grammar a `response_format` asks for: none for text, any JSON object, or a JSON schema
+    (applied whole, strict or not: every reply token is masked by it)."""
+    field = "response_format"
+    kind = value.get("type") if isinstance(value, dict) else None
+    if value is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return Grammar("json_object")
+    if kind != "json_schema":
+        raise bad_request(f"`{field}.type` must be text, json_object or json_schema, got {kind!r}", f"{field}.type")
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+        raise bad_request(f"`{field}.json_schema` must be an object with a `schema` object (and a `name`)",
+                          f"{field}.json_schema")
+    grammar = Grammar("json_schema", json.dumps(spec.get("schema", {}), separators=(",", ":")))
+    for problem in grammar_problems(grammar):
+        raise bad_request(f"`{field}.json_schema.schema`: {problem}", f"{field}.json_schema.schema")
+    return grammar
 
 
 def _messages(body: dict) -> tuple[tuple[Message, ...], tuple[str, ...]]:

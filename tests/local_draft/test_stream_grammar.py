@@ -9,6 +9,7 @@ import msgspec
 import numpy as np
 import pytest
 
+from local_draft.server_only import ServerOnlyGenerator
 from local_draft.stream_speculator import GrammarUnsupported, StreamSpeculator
 from local_draft.verify_client import VerifyClient
 from wire import grammar as grammars
@@ -62,10 +63,13 @@ def test_greedy_stream_with_a_schema_is_the_constrained_target_alone(service, ta
     client = VerifyClient(service.url, hello_for(close_draft))
     assert "json_schema" in client.welcome.grammars
     speculator = StreamSpeculator(close_draft, client, SamplingParams(), max_block=4, grammar=grammar_of(schema))
+    server_only = ServerOnlyGenerator(client, end_ids, grammar=grammar_of(schema))
     for prompt in PROMPTS:
         context = close_draft.tokenize(prompt)
         made = speculator.generate(context, MAX_TOKENS).token_ids
-        assert made == constrained_target_alone(target, context, grammar_of(schema), end_ids, MAX_TOKENS), prompt
+        alone = constrained_target_alone(target, context, grammar_of(schema), end_ids, MAX_TOKENS)
+        assert made == alone, prompt
+        assert server_only.generate(context, MAX_TOKENS).token_ids == alone, prompt
         assert made[-1] in end_ids, "the value was completed and ended"
         jsonschema.validate(reply_json(close_draft, made), schema)
     client.close()

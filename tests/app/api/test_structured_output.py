@@ -1,0 +1,99 @@
+"""`response_format` through the openai package: the constrained target's reply, exactly, and it parses."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import jsonschema
+import openai
+import pydantic
+import pytest
+
+from tests.app.api.test_endpoint import client
+
+MESSAGES = [{"role": "user", "content": "Is this code? Reply in JSON."}]
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "kind": {"enum": ["self", "def", "return"]},
+                                           "n": {"type": "integer", "minimum": 0, "maximum": 999}},
+          "required": ["ok", "kind", "n"], "additionalProperties": False}
+MAX_TOKENS = 60
+
+
+class Verdict(pydantic.BaseModel):
+    ok: bool
+    kind: Literal["self", "def", "return"]
+
+
+@pytest.fixture(scope="module")
+def constrained_alone(tiny, tiny_service, chat_prompt):
+    """constrained_alone(messages, schema): the target alone under the schema (`--mode server` with it)."""
+    from app.chat.reply import PromptTokens
+    from local_draft.chat_template import template_for
+    from local_draft.draft_model import DraftModel
+    from local_draft.server_only import ServerOnlyGenerator
+    from local_draft.verify_client import VerifyClient
+    from wire.protocol import Grammar, SamplingParams
+
+    tokenizer = DraftModel(tiny.draft, vocab_only=True)
+    template = template_for(tokenizer.chat_template, tokenizer.token_text(tokenizer.bos_id).decode(),
+                            tokenizer.token_text(tokenizer.eos_id).decode())
+    verify = VerifyClient(tiny_service, tokenizer.hello(SamplingParams(), client="tests"))
+
+    def run(messages, schema: dict) -> list[int]:
+        generator = ServerOnlyGenerator(verify, tokenizer.end_ids, grammar=Grammar("json_schema", json.dumps(schema)))
+        prompt = PromptTokens(tokenizer, template).of(chat_prompt(messages))
+        return generator.generate(prompt, MAX_TOKENS).token_ids
+
+    yield run
+    verify.close()
+
+
+def test_a_json_schema_reply_is_the_constrained_target_alone_and_valid(endpoint, constrained_alone):
+    """Greedy, strict json_schema: the tokens of the target alone under the schema (drafts kept or not); it validates."""
+    answer = client(endpoint).chat.completions.create(
+        model="specwire", messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA, "strict": True}})
+    provenance = answer.model_extra["specwire"]
+    assert provenance["token_ids"] == constrained_alone(MESSAGES, SCHEMA)
+    assert answer.choices[0].finish_reason == "stop" and provenance["verified"]
+    assert provenance["accepted"] > 0  # the drafter, masked too, guessed inside the grammar
+    jsonschema.validate(json.loads(answer.choices[0].message.content), SCHEMA)
+
+
+def test_structured_outputs_parse_into_a_pydantic_model_streamed_or_not(endpoint):
+    """`parse` with a Pydantic model gives an instance; streamed, the model's strict schema gives valid text too."""
+    api = client(endpoint)
+    parsed = api.beta.chat.completions.parse(model="specwire", messages=MESSAGES, response_format=Verdict,
+                                             temperature=0, max_tokens=MAX_TOKENS)
+    assert isinstance(parsed.choices[0].message.parsed, Verdict)
+    streamed = api.chat.completions.create(
+        model="specwire", messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0, stream=True,
+        response_format={"type": "json_schema", "json_schema": {"name": "Verdict", "strict": True,
+                                                                "schema": {**Verdict.model_json_schema(),
+                                                                           "additionalProperties": False}}})
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert Verdict.model_validate_json(text)
+
+
+def test_json_object_mode_replies_with_an_object(endpoint):
+    """json_object: the reply opens an object; sampled, it is still JSON wherever it ends complete."""
+    answer = client(endpoint).chat.completions.create(model="specwire", messages=MESSAGES, max_tokens=MAX_TOKENS,
+                                                      temperature=0.7, seed=3, response_format={"type": "json_object"})
+    text = answer.choices[0].message.content
+    assert text.startswith("{")
+    if answer.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(text), dict)
+
+
+@pytest.mark.parametrize("response_format, words", [
+    ({"type": "xml"}, "must be text, json_object or json_schema"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}, "must be an object"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 5,
+                                                                     "maximum": 1}}}, "cannot be compiled"),
+])
+def test_a_response_format_that_cannot_apply_is_a_400(endpoint, response_format, words):
+    """A malformed or unsatisfiable response_format is refused by name, before anything is generated."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(endpoint).chat.completions.create(model="specwire", messages=MESSAGES, max_tokens=4,
+                                                 response_format=response_format)
+    assert refused.value.body["param"].startswith("response_format") and words in refused.value.body["message"]
