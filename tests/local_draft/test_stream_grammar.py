@@ -14,6 +14,8 @@ from local_draft.stream_speculator import GrammarUnsupported, StreamSpeculator
 from local_draft.verify_client import VerifyClient
 from wire import grammar as grammars
 from wire.protocol import Grammar, SamplingParams
+from wire.randomness import DecisionRandomness
+from wire.sampling import race_choice, warp
 from tests.conftest import hello_for
 
 SCHEMAS = [
@@ -36,15 +38,23 @@ def grammar_of(schema: dict) -> Grammar:
     return Grammar("json_schema", json.dumps(schema))
 
 
-def constrained_target_alone(target, context: list[int], grammar: Grammar, end_ids, n: int) -> list[int]:
-    """Greedy continuation by the target backend itself, its logits masked by the grammar, one token at a time."""
+def constrained_target_alone(target, context: list[int], grammar: Grammar, end_ids, n: int,
+                             params: SamplingParams = SamplingParams(), seed: int = 0) -> list[int]:
+    """The target backend itself, one token at a time, its logits masked by the grammar before anything
+    else: the argmax, or the race of the masked, warped distribution over the clocks of (seed, position)."""
     vocab = grammars.vocab_for(f"reference:{id(target)}", load=target.token_texts, n_vocab=target.vocab_size)
     constraint = grammars.TokenConstraint(grammar, vocab, end_ids)
+    randomness = DecisionRandomness(seed)
     cache, tokens = target.new_cache(), []
     logits = target.forward(cache, context, 1)
     for _ in range(n):
         assert constraint.follow(tokens)
-        tokens.append(int(constraint.mask(logits[-1]).argmax()))
+        masked = constraint.mask(logits[-1])
+        if params.greedy:
+            tokens.append(int(masked.argmax()))
+        else:
+            probs = warp(masked, params)
+            tokens.append(race_choice(probs, randomness.race(len(context) + len(tokens), probs.shape[0])))
         if tokens[-1] in end_ids:
             break
         logits = target.forward(cache, tokens[-1:], 1)
@@ -73,6 +83,23 @@ def test_greedy_stream_with_a_schema_is_the_constrained_target_alone(service, ta
         assert made[-1] in end_ids, "the value was completed and ended"
         jsonschema.validate(reply_json(close_draft, made), schema)
     client.close()
+
+
+def test_sampled_stream_with_a_schema_is_the_constrained_targets_race(service_on, llamacpp_target, close_draft):
+    """Sampled and seeded: the stream is the race of the masked target's distribution, token for token
+    (the race makes the text a function of the seed, so no statistics are needed to see it exact)."""
+    params = SamplingParams(temperature=1.0, top_k=40)
+    end_ids = sorted(close_draft.end_ids)
+    for seed in range(4):
+        client = VerifyClient(service_on("llamacpp").url, hello_for(close_draft, params, seed=seed))
+        for schema in SCHEMAS:
+            speculator = StreamSpeculator(close_draft, client, params, seed=seed, max_block=4,
+                                          grammar=grammar_of(schema))
+            context = close_draft.tokenize(PROMPTS[0])
+            made = speculator.generate(context, MAX_TOKENS).token_ids
+            assert made == constrained_target_alone(llamacpp_target, context, grammar_of(schema), end_ids,
+                                                    MAX_TOKENS, params, seed), (seed, schema)
+        client.close()
 
 
 def test_a_mask_on_the_drafter_alone_is_caught(service_on, llamacpp_target, close_draft, monkeypatch):
