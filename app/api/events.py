@@ -36,6 +36,8 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int
     provenance: dict = field(default_factory=dict)  # the response's `specwire` object
+    tool_calls: list[dict] = field(default_factory=list)  # the calls read from the reply (OpenAI's shape)
+    content: str | None = ""  # the message's content beside the calls (None: the reply was a call alone)
 
 
 @dataclass(frozen=True)

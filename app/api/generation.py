@@ -82,17 +82,22 @@ class RequestGeneration:
             if stop_reason is None:
                 return  # the client is gone: nobody to tell
             tail = self.text.finish()
+            content, calls = self.text.sent, []
+            if self._reads_calls:
+                content, calls = self.job.request.tools.read(self.text.sent)
+                tail = content or "" if not calls else ""
             if tail:
                 self.emit(Delta(tail))
             self.engine.pool.give_back(self.drafter)
             self.drafter = None
             reason = "stop" if self.text.stopped_at_string else FINISH_REASONS[stop_reason]
+            reason = "tool_calls" if calls else reason
             unverified = self.text.count("offline")
             if unverified:
                 log.warning("a reply of %d tokens holds %d unverified ones (made offline), marked as such",
                             len(self.text.token_ids), unverified)
             self.emit(Finished(self.text.sent, reason, len(self.job.prompt), len(self.text.token_ids),
-                               self._provenance(mode)))
+                               self._provenance(mode), calls, content))
         except ApiError as exc:
             self.emit(Failed(exc))
         except GrammarUnsupported as exc:
@@ -153,8 +158,14 @@ class RequestGeneration:
 
     def _on_commit(self, tokens: list[int], provenance: list[str]) -> None:
         piece = self.text.add(tokens, provenance)
-        if piece:
+        if piece and not self._reads_calls:
             self.emit(Delta(piece))
+
+    @property
+    def _reads_calls(self) -> bool:
+        """Calls are read from the whole reply: until it ends nothing of it goes out (a stream sends it at its end)."""
+        tools = self.job.request.tools
+        return tools is not None and tools.reads_calls
 
     def _provenance(self, mode: str) -> dict:
         stats, text = self.stats, self.text

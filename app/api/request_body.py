@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from app.api.errors import bad_request
+from app.api.tool_calls import Tools, parse_tools
 from local_draft.chat_template import Message
 from wire.grammar import grammar_problems
 from wire.protocol import Grammar, SamplingParams
@@ -29,7 +30,8 @@ MAX_OPENAI_TEMPERATURE = 2.0  # OpenAI's range is 0 to 2
 MAX_STOPS = 64  # OpenAI takes 4; editors send more for code completion
 
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options", "n"}
-SUPPORTED = {"chat": COMMON | {"messages", "max_completion_tokens", "response_format"}, "text": COMMON | {"prompt"}}
+SUPPORTED = {"chat": COMMON | {"messages", "max_completion_tokens", "response_format", "tools", "tool_choice"},
+             "text": COMMON | {"prompt"}}
 
 
 def _absent_or(*neutral) -> Callable[[Any], bool]:
@@ -37,7 +39,7 @@ def _absent_or(*neutral) -> Callable[[Any], bool]:
 
 
 UNPENALIZED = "the output is the target's own distribution, unpenalized: leave it out or send "
-NO_TOOLS = "there is no function calling here: "
+NO_TOOLS = "the legacy functions API is not served: "
 NO_LOGPROBS = "no log probabilities are returned here: leave it out"
 CONSTRAINED = "there is no constrained output here"
 TRUNCATIONS = "top_p and top_k are the truncations offered"
@@ -64,10 +66,8 @@ _COMMON_REFUSED = {
 REFUSED = {
     "chat": {
         **_COMMON_REFUSED,
-        "tools": (_absent_or([]), NO_TOOLS + "send the request without it"),
-        "tool_choice": (_absent_or("none", "auto"), NO_TOOLS + "leave it out (or send \"none\")"),
-        "functions": (_absent_or([]), NO_TOOLS + "send the request without it"),
-        "function_call": (_absent_or("none", "auto"), NO_TOOLS + "leave it out"),
+        "functions": (_absent_or([]), NO_TOOLS + "send `tools` instead"),
+        "function_call": (_absent_or("none", "auto"), NO_TOOLS + "send `tool_choice` instead"),
         "logprobs": (_absent_or(False), NO_LOGPROBS + " or send false"),
         "top_logprobs": (_absent_or(0), NO_LOGPROBS),
         "audio": (_absent_or(), TEXT_MODEL),
@@ -87,11 +87,11 @@ REFUSED = {
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "safety_identifier",
            "prompt_cache_key", "verbosity"}
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-MESSAGE_FIELDS = {"role", "content"}  # others (`name`: chat templates have no place for it) are ignored
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+MESSAGE_FIELDS = {"role", "content", "tool_calls", "tool_call_id"}  # others (`name`: templates have no place for it) are ignored
 MESSAGE_REFUSED = {
-    "tool_calls": "assistant messages with tool_calls are not supported (no function calling)",
-    "function_call": "assistant messages with function_call are not supported (no function calling)",
+    "function_call": "assistant messages with function_call (the legacy functions API) are not supported: "
+                     "send tool_calls",
     "audio": "audio is not supported: " + TEXT_MODEL,
 }
 
@@ -112,6 +112,7 @@ class CompletionRequest:
     include_usage: bool = False  # stream_options.include_usage
     ignored: tuple[str, ...] = ()  # fields received and ignored: named in the response
     grammar: Grammar | None = None  # response_format json_object / json_schema: the reply is constrained to it
+    tools: Tools | None = None  # the functions the model may call, and tool_choice
 
 
 def parse_request(kind: str, body: Any) -> CompletionRequest:
@@ -138,8 +139,15 @@ def parse_request(kind: str, body: Any) -> CompletionRequest:
                   stops=_stops(body), stream=stream, include_usage=include_usage)
     if kind == "chat":
         messages, message_ignored = _messages(body)
-        return CompletionRequest(messages=messages, ignored=ignored + message_ignored,
-                                 grammar=_response_format(body.get("response_format")), **common)
+        tools = parse_tools(body)
+        grammar = _response_format(body.get("response_format"))
+        if tools is not None and tools.constrained:
+            if grammar is not None:
+                raise bad_request("`response_format` and a `tool_choice` that forces a call both constrain the "
+                                  "reply: send one of them", "response_format", "unsupported_parameter")
+            grammar = tools.grammar()
+        return CompletionRequest(messages=messages, ignored=ignored + message_ignored, grammar=grammar, tools=tools,
+                                 **common)
     return CompletionRequest(prompt=_prompt(body), ignored=ignored, **common)
 
 
@@ -248,11 +256,20 @@ def _messages(body: dict) -> tuple[tuple[Message, ...], tuple[str, ...]]:
                 raise bad_request(f"`{where}.{name}`: {why}", f"{where}.{name}", "unsupported_parameter")
         role = message.get("role")
         if role not in ROLES:
-            hint = " (tool results need function calling, which is not supported)" if role in ("tool", "function") \
-                else ""
-            raise bad_request(f"`{where}.role` must be one of system, developer, user, assistant; got {role!r}{hint}",
-                              f"{where}.role")
-        checked.append(Message(ROLES[role], _content(message.get("content"), role, where)))
+            hint = " (the legacy functions API is not served: send role tool)" if role == "function" else ""
+            raise bad_request(f"`{where}.role` must be one of system, developer, user, assistant, tool; "
+                              f"got {role!r}{hint}", f"{where}.role")
+        calls = message.get("tool_calls") or []
+        if role == "assistant" and calls:
+            if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function"), dict)
+                                                      and isinstance(c["function"].get("name"), str) for c in calls):
+                raise bad_request(f"`{where}.tool_calls` must be a list of {{\"type\": \"function\", \"function\": "
+                                  "{\"name\": ..., \"arguments\": ...}} objects", f"{where}.tool_calls")
+        call_id = message.get("tool_call_id") or ""
+        if not isinstance(call_id, str):
+            raise bad_request(f"`{where}.tool_call_id` must be a string", f"{where}.tool_call_id")
+        checked.append(Message(ROLES[role], _content(message.get("content"), role, where),
+                               tuple(calls) if role == "assistant" else (), call_id if role == "tool" else ""))
         ignored += [f"{where}.{name}" for name in message if name not in MESSAGE_FIELDS and name not in MESSAGE_REFUSED]
     return tuple(checked), tuple(ignored)
 

@@ -45,8 +45,10 @@ class ResponseShape:
 
     def complete(self, finished: Finished) -> dict:
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": finished.text}, "logprobs": None,
-                      "finish_reason": finished.finish_reason}
+            message = {"role": "assistant", "content": finished.text}
+            if finished.tool_calls:
+                message = {"role": "assistant", "content": finished.content, "tool_calls": finished.tool_calls}
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finished.finish_reason}
             body = self._envelope("chat.completion")
         else:
             choice = {"index": 0, "text": finished.text, "logprobs": None, "finish_reason": finished.finish_reason}
@@ -67,6 +69,12 @@ class ResponseShape:
         body["choices"] = [choice]
         if include_usage:
             body["usage"] = None  # as OpenAI: null on every chunk but the last
+        return body
+
+    def tool_calls_chunk(self, finished: Finished, include_usage: bool) -> dict:
+        """The reply's calls, whole, in one delta (they are read from the whole reply)."""
+        body = self.chunk(include_usage=include_usage)
+        body["choices"][0]["delta"] = {"tool_calls": [{"index": i, **call} for i, call in enumerate(finished.tool_calls)]}
         return body
 
     def last_chunk(self, finished: Finished, include_usage: bool) -> dict:

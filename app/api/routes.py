@@ -107,6 +107,8 @@ class Routes:
                 if isinstance(event, Delta):
                     yield sse(shape.chunk(event.text, include_usage=usage))
                 elif isinstance(event, Finished):
+                    if event.tool_calls:
+                        yield sse(shape.tool_calls_chunk(event, usage))
                     yield sse(shape.last_chunk(event, usage))
                     if usage:
                         yield sse(shape.usage_chunk(event))
