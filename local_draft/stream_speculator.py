@@ -54,7 +54,7 @@ from local_draft.speculator import FixedLink, OnCommit, ShouldStop
 from local_draft.stream_controller import StreamController
 from local_draft.verify_client import ServiceUnreachable, VerifyClient, VerifyError
 from wire import grammar as grammars
-from wire.protocol import Cancel, Draft, Generate, Generated, Grammar, SamplingParams, Sync
+from wire.protocol import Cancel, Draft, Generate, Generated, Grammar, SamplingParams, Sync, TokenLogprobs
 from wire.randomness import DecisionRandomness, draft_generator, fresh_seed
 from wire.threads import physical_cores
 
@@ -98,8 +98,10 @@ class StreamSpeculator:
     def __init__(self, draft: DraftModel | None, link: ServiceLink | VerifyClient | None, params: SamplingParams,
                  seed: int | None = None, max_block: int | None = None, drafting: str = "model",
                  end_ids: Iterable[int] | None = None, resume_within_s: float = 0.0, colocated: bool | None = None,
-                 grammar: Grammar | None = None):
+                 grammar: Grammar | None = None, logprobs: int = -1):
         self.draft, self.end_ids = drafter_and_end_ids(draft, drafting, end_ids)
+        self.logprobs = logprobs  # -1: none; n: the target's log probability of each token and its n most likely
+        self.token_logprobs: list[TokenLogprobs | None] = []  # the generation's, one per token (None: made offline)
         self.grammar = grammar  # each generation's output is constrained by it (its start: where that begins)
         self._grammar_at: Grammar | None = None  # the running generation's, with its start
         self._constraint: grammars.TokenConstraint | None = None  # the drafter's copy of it
@@ -157,6 +159,7 @@ class StreamSpeculator:
         stats = self.stats = GenerationStats()
         self.controller.new_reply()
         history, new = list(context), []
+        self.token_logprobs = []
         self._constrain_from(len(history))
         reason = "max_tokens"
         while len(new) < max_tokens:
@@ -303,7 +306,8 @@ class StreamSpeculator:
         known = len(self._service_history)
         self._service_history = []  # unknown until the stream ends
         client.send_generate(Generate(seq=self._seq, committed_len=known, append=history[known:],
-                                      max_tokens=budget, stop_ids=sorted(self.end_ids), grammar=self._grammar_at))
+                                      max_tokens=budget, stop_ids=sorted(self.end_ids), grammar=self._grammar_at,
+                                      logprobs=self.logprobs))
         self.stats.round_trips += 1
         return self._seq
 
@@ -337,6 +341,9 @@ class StreamSpeculator:
             self._score_sources(chain, right, tested)
         history += tokens
         new += tokens
+        if self.logprobs >= 0:
+            given = list(frame.logprobs[: len(tokens)])
+            self.token_logprobs += given + [None] * (len(tokens) - len(given))
         if on_commit:
             on_commit(tokens, ["draft"] * accepted + ["target"] * (len(tokens) - accepted))
         if right < len(tokens):  # a guess was wrong, or the chain ran out: guess afresh after the new text
@@ -437,6 +444,8 @@ class StreamSpeculator:
         self.stats.offline += 1
         history += tokens
         new += tokens
+        if self.logprobs >= 0:
+            self.token_logprobs.append(None)  # the target's are not known: never the drafter's in their place
         if on_commit:
             on_commit(tokens, ["offline"])
         if tokens[0] in self.end_ids:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import msgspec
@@ -43,8 +43,8 @@ from remote_verify.pass_costs import PassCosts
 from remote_verify.scheduler import Planned, Shareable
 from remote_verify.stream_drafts import PassSoFar, StreamDrafts, best_block
 from wire import grammar as grammars
-from wire.limits import MAX_STOP_IDS
-from wire.protocol import Generate, Grammar, SamplingParams, SparseDist, Sync, Synced, Verdict, Verify
+from wire.limits import MAX_STOP_IDS, MAX_TOP_LOGPROBS
+from wire.protocol import Generate, Grammar, SamplingParams, SparseDist, Sync, Synced, TokenLogprobs, Verdict, Verify
 from wire.randomness import DecisionRandomness, seed_problem
 from wire.sampling import race_choice, warp
 
@@ -67,6 +67,7 @@ class StreamStep:
     forward_s: float
     pass_tokens: int  # tokens the whole pass ran, every member's
     pass_sessions: int
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per token, when the stream asks
 
 
 class SessionError(Exception):
@@ -97,6 +98,7 @@ class Session:
         self.last_seq = 0
         self._prefill_s = 0.0  # forward seconds of the prefill pieces before the round in progress
         self.grammar: grammars.TokenConstraint | None = None  # the running stream's, if its Generate has one
+        self.logprobs = -1  # the running stream's: -1 none, else each token's and this many of the most likely
 
     def verify(self, request: Verify) -> Verdict:
         """Verify one block in a pass of its own."""
@@ -203,6 +205,8 @@ class Session:
         self._check_committed(request.committed_len)
         if request.max_tokens < 1:
             raise SessionError("bad_request", f"max_tokens must be at least 1, got {request.max_tokens}")
+        if not -1 <= request.logprobs <= MAX_TOP_LOGPROBS:
+            raise SessionError("bad_request", f"logprobs must be -1 (none) to {MAX_TOP_LOGPROBS}, got {request.logprobs}")
         if len(request.stop_ids) > MAX_STOP_IDS:
             raise SessionError("bad_request", f"{len(request.stop_ids)} stop_ids: send at most {MAX_STOP_IDS}")
         history = len(self.committed) + len(request.append)
@@ -217,6 +221,7 @@ class Session:
         self.committed += list(request.append)
         self.last_seq = request.seq
         self.grammar = constraint
+        self.logprobs = request.logprobs
 
     def _constraint(self, grammar: Grammar | None, history: list[int], stop_ids: list[int]):
         """The compiled grammar of a Generate, following what it constrained already (a resumed
@@ -309,6 +314,8 @@ class Session:
                 made = block[: ends[0] + 1]
             else:
                 made = block[:accepted] + [self._target_pick(result, position, accepted, block)]
+            logprobs = [self._logprobs(result, position, row, block, token) for row, token in enumerate(made)] \
+                if self.logprobs >= 0 else []
             self.committed += made
             self.cached_len = len(self.committed) - 1
             self.backend.truncate(self.cache, self.cached_len)
@@ -316,29 +323,42 @@ class Session:
                 drafts.after_pass(position, block, accepted)
             forward_s, self._prefill_s = forward_s + self._prefill_s, 0.0  # its prefill pieces count as its pass
             return StreamStep(made, min(accepted, len(made)), len(block), source if block else "", started,
-                              forward_s, so_far.tokens, so_far.sessions)
+                              forward_s, so_far.tokens, so_far.sessions, logprobs)
 
-        # a grammar masks logits, so a greedy pass returns them too, not its argmax
-        argmax_only = self.sampling.greedy and self.grammar is None
+        # a grammar masks logits, and log probabilities read them: a greedy pass then returns them, not its argmax
+        argmax_only = self.sampling.greedy and self.grammar is None and self.logprobs < 0
         return Planned(Pass(self.cache, unrun + block, len(block) + 1, argmax_only=argmax_only),
                        finish, self._undo, expected)
+
+    def _row_logits(self, result: np.ndarray, row: int, block: list[int]) -> np.ndarray:
+        """The target's logits (V,) for position + row, masked by the stream's grammar if it has one."""
+        if self.grammar is None:
+            return result[row]
+        made = self.committed + block[:row]  # the committed history ends at `position`
+        if not self.grammar.follow(made[self.grammar.grammar.start:]):
+            raise RuntimeError("the stream left its grammar")  # only masked picks are committed
+        return self.grammar.mask(result[row])
+
+    def _logprobs(self, result: np.ndarray, position: int, row: int, block: list[int], token: int) -> TokenLogprobs:
+        """The target's log-softmax at position + row: of `token`, and of the most likely tokens there."""
+        logits = self._row_logits(result, row, block).astype(np.float64)
+        logprobs = logits - (logits.max() + np.log(np.exp(logits - logits.max()).sum()))  # (V,)
+        n = min(self.logprobs, logprobs.shape[0])
+        top = np.argpartition(-logprobs, n - 1)[:n] if n else np.zeros(0, dtype=np.int64)  # not a sort of all V
+        top = top[np.isfinite(logprobs[top])]  # a token the grammar refuses is not a candidate
+        top = top[np.lexsort((top, -logprobs[top]))]  # most likely first; equal ones in ascending id
+        return TokenLogprobs(float(logprobs[token]), top.tolist(), logprobs[top].tolist())
 
     def _target_pick(self, result: np.ndarray, position: int, row: int, block: list[int]) -> int:
         """The target's token at position + row (after the committed history and block[:row]): its
         argmax, or the race of its warped distribution over this session's clocks for that
         position; under a grammar, of its logits with every token the grammar refuses masked out,
         before anything else."""
-        if self.grammar is None:
-            if self.sampling.greedy:
-                return int(result[row])
-            logits = result[row]
-        else:
-            made = self.committed + block[:row]  # the committed history ends at `position`
-            if not self.grammar.follow(made[self.grammar.grammar.start:]):
-                raise RuntimeError("the stream left its grammar")  # only masked picks are committed
-            logits = self.grammar.mask(result[row])
-            if self.sampling.greedy:
-                return int(np.argmax(logits))
+        if self.sampling.greedy and result.ndim == 1:  # the pass returned its argmax ids
+            return int(result[row])
+        logits = self._row_logits(result, row, block)
+        if self.sampling.greedy:
+            return int(np.argmax(logits))
         probs = warp(logits, self.sampling)
         return race_choice(probs, self.randomness.race(position + row, probs.shape[0]))
 

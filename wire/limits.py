@@ -74,4 +74,5 @@ BATCH_TOKENS = 256
 MAX_DIST_TOKENS = 1024  # ids in one draft distribution (specwire's drafter sends at most 64)
 MAX_STOP_IDS = 256  # stop_ids of one Generate (a chat template has a handful of end tokens)
 MAX_DRAFT_SOURCE_CHARS = 16  # a Verify's draft_source names a drafter ("model", "ngram"), not a sentence
+MAX_TOP_LOGPROBS = 20  # most likely tokens a Generated reports beside each token (OpenAI's top_logprobs limit)
 MAX_GRAMMAR_BYTES = 64 * 1024  # a Generate's JSON schema: OpenAI caps a strict schema at a few thousand properties

@@ -163,6 +163,8 @@ class Generate(msgspec.Struct, tag="generate"):
     # once the grammar's value is complete), applied to the target's logits before anything
     # else, so the stream is the constrained target's whatever was guessed
     grammar: Grammar | None = None
+    # -1: no log probabilities; n >= 0: each Generated token's, and the n most likely (MAX_TOP_LOGPROBS)
+    logprobs: int = -1
 
 
 class Draft(msgspec.Struct, tag="draft"):
@@ -254,6 +256,15 @@ class Error(msgspec.Struct, tag="error"):
     retry_after_s: float = 0.0  # > 0: the request was not run; send it again after this long
 
 
+class TokenLogprobs(msgspec.Struct, array_like=True):
+    """The target's log probability of a committed token, and of the most likely tokens there:
+    the log-softmax of its logits (after a grammar's mask; before temperature, top-k and top-p)."""
+
+    logprob: float
+    top_ids: list[int] = []
+    top_logprobs: list[float] = []
+
+
 class Generated(msgspec.Struct, tag="generated"):
     """Tokens of a streamed generation, one frame per forward pass; `done` marks the last frame."""
 
@@ -268,6 +279,7 @@ class Generated(msgspec.Struct, tag="generated"):
     drafted: int = 0  # draft tokens the pass verified (accepted or not)
     pass_tokens: int = 0  # tokens the whole pass ran, every session's (0: not stated)
     pass_sessions: int = 0  # sessions that shared the pass (0: not stated)
+    logprobs: list[TokenLogprobs] = []  # one per token, when the Generate asked (whoever guessed the token)
 
 
 ServerMessage = Union[Welcome, Verdict, Synced, Error, Generated]

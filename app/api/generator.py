@@ -37,6 +37,7 @@ class HowToGenerate:
     drafting: str  # with a drafter: "model", or "mixed" (n-gram drafts where they pay)
     end_ids: frozenset[int]
     grammar: Grammar | None = None  # response_format's: every token of the reply is constrained by it
+    logprobs: int = -1  # -1: none; n: the target's log probability of each token and its n most likely
 
 
 class Generator(Protocol):
@@ -53,6 +54,8 @@ def build_generator(mode: str, drafter: DraftModel | None, link: ServiceLink | N
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if mode == "ngram":
         return StreamSpeculator(None, link, how.params, seed=how.seed, max_block=how.k, drafting="ngram",
-                                end_ids=how.end_ids, resume_within_s=NO_MODEL_RESUME_S, grammar=how.grammar)
+                                end_ids=how.end_ids, resume_within_s=NO_MODEL_RESUME_S, grammar=how.grammar,
+                                logprobs=how.logprobs)
     return StreamSpeculator(drafter, link if mode == "hybrid" else None, how.params, seed=how.seed,
-                            max_block=how.k, drafting=how.drafting, end_ids=how.end_ids, grammar=how.grammar)
+                            max_block=how.k, drafting=how.drafting, end_ids=how.end_ids, grammar=how.grammar,
+                            logprobs=how.logprobs)
