@@ -20,6 +20,7 @@ from typing import Callable, Protocol
 from app.api.drafters import DrafterPool
 from app.api.errors import ApiError, bad_request, service_error
 from app.api.events import Delta, Emit, Failed, Finished, Job
+from app.api.logprobs import LogprobEntries
 from app.api.generator import HowToGenerate, build_generator
 from app.api.reply_text import ReplyText
 from app.api.request_body import CompletionRequest
@@ -62,13 +63,17 @@ class RequestGeneration:
         self.should_stop = should_stop
         request = job.request
         self.how = HowToGenerate(request.params, request.seed, engine.models.k, engine.models.drafting,
-                                 engine.end_ids, request.grammar)
+                                 engine.end_ids, request.grammar, request.logprobs)
         self.text = ReplyText(engine.tokenizer.token_bytes, engine.end_ids, request.stops)
         self.notes: list[str] = []  # what happened to the request's session, for the provenance
         self.stats: list[GenerationStats] = []  # one per generator (two after an n-gram request's fallback)
         self.drafter = None
         self.link = None
         self.setup_s: float | None = None  # from the request's arrival to its generation's start
+        self.entries = LogprobEntries(engine.tokenizer.token_bytes, engine.end_ids)
+        self.logprobs: list[dict] | None = [] if request.logprobs >= 0 else None  # every entry so far
+        self._unsent_logprobs: list[dict] = []  # the entries since the last Delta
+        self._generator = None  # the generator running now (its token_logprobs)
 
     def run(self) -> None:
         """Generate and report; every outcome is an event (none when the client went away)."""
@@ -86,8 +91,8 @@ class RequestGeneration:
             if self._reads_calls:
                 content, calls = self.job.request.tools.read(self.text.sent)
                 tail = content or "" if not calls else ""
-            if tail:
-                self.emit(Delta(tail))
+            if tail or self._unsent_logprobs:
+                self.emit(Delta(tail, self._take_logprobs()))
             self.engine.pool.give_back(self.drafter)
             self.drafter = None
             reason = "stop" if self.text.stopped_at_string else FINISH_REASONS[stop_reason]
@@ -97,7 +102,7 @@ class RequestGeneration:
                 log.warning("a reply of %d tokens holds %d unverified ones (made offline), marked as such",
                             len(self.text.token_ids), unverified)
             self.emit(Finished(self.text.sent, reason, len(self.job.prompt), len(self.text.token_ids),
-                               self._provenance(mode), calls, content))
+                               self._provenance(mode), calls, content, self.logprobs))
         except ApiError as exc:
             self.emit(Failed(exc))
         except GrammarUnsupported as exc:
@@ -121,7 +126,7 @@ class RequestGeneration:
         """(the last mode, the generation's stop reason); None when the client went away first."""
         mode = "offline" if self.link is None else ("hybrid" if self.drafter is not None else "ngram")
         while True:
-            generator = build_generator(mode, self.drafter, self.link, self.how)
+            generator = self._generator = build_generator(mode, self.drafter, self.link, self.how)
             # adaptive k starts from the state saved for this service and drafter (a generator with one)
             controller = getattr(generator, "controller", None)
             memory = self.engine.adaptive_memory(self.link, self.drafter) if controller is not None else None
@@ -157,9 +162,22 @@ class RequestGeneration:
         return self.drafter is not None
 
     def _on_commit(self, tokens: list[int], provenance: list[str]) -> None:
+        before = len(self.text.token_ids)
         piece = self.text.add(tokens, provenance)
+        if self.logprobs is not None:  # the generator took this round's before telling: the last len(tokens)
+            taken = len(self.text.token_ids) - before  # none after a stop
+            given = self._generator.token_logprobs[-len(tokens):][:taken]
+            entries = self.entries.of(tokens[:taken], given)
+            self.logprobs += entries
+            self._unsent_logprobs += entries
         if piece and not self._reads_calls:
-            self.emit(Delta(piece))
+            self.emit(Delta(piece, self._take_logprobs()))
+
+    def _take_logprobs(self) -> list[dict] | None:
+        if self.logprobs is None:
+            return None
+        taken, self._unsent_logprobs = self._unsent_logprobs, []
+        return taken
 
     @property
     def _reads_calls(self) -> bool:

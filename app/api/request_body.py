@@ -22,6 +22,7 @@ from app.api.errors import bad_request
 from app.api.tool_calls import Tools, parse_tools
 from local_draft.chat_template import Message
 from wire.grammar import grammar_problems
+from wire.limits import MAX_TOP_LOGPROBS
 from wire.protocol import Grammar, SamplingParams
 from wire.randomness import seed_problem
 
@@ -29,9 +30,12 @@ DEFAULT_TEMPERATURE = 1.0  # OpenAI's default: a request that sends none samples
 MAX_OPENAI_TEMPERATURE = 2.0  # OpenAI's range is 0 to 2
 MAX_STOPS = 64  # OpenAI takes 4; editors send more for code completion
 
-COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options", "n"}
-SUPPORTED = {"chat": COMMON | {"messages", "max_completion_tokens", "response_format", "tools", "tool_choice"},
+COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options", "n",
+          "logprobs"}
+SUPPORTED = {"chat": COMMON | {"messages", "max_completion_tokens", "response_format", "tools", "tool_choice",
+                               "top_logprobs"},
              "text": COMMON | {"prompt"}}
+MAX_TEXT_LOGPROBS = 5  # /v1/completions' `logprobs` (OpenAI's legacy limit); chat's top_logprobs: MAX_TOP_LOGPROBS
 
 
 def _absent_or(*neutral) -> Callable[[Any], bool]:
@@ -40,7 +44,6 @@ def _absent_or(*neutral) -> Callable[[Any], bool]:
 
 UNPENALIZED = "the output is the target's own distribution, unpenalized: leave it out or send "
 NO_TOOLS = "the legacy functions API is not served: "
-NO_LOGPROBS = "no log probabilities are returned here: leave it out"
 CONSTRAINED = "there is no constrained output here"
 TRUNCATIONS = "top_p and top_k are the truncations offered"
 TEXT_MODEL = "this endpoint serves a text model"
@@ -68,8 +71,6 @@ REFUSED = {
         **_COMMON_REFUSED,
         "functions": (_absent_or([]), NO_TOOLS + "send `tools` instead"),
         "function_call": (_absent_or("none", "auto"), NO_TOOLS + "send `tool_choice` instead"),
-        "logprobs": (_absent_or(False), NO_LOGPROBS + " or send false"),
-        "top_logprobs": (_absent_or(0), NO_LOGPROBS),
         "audio": (_absent_or(), TEXT_MODEL),
         "modalities": (_absent_or(["text"]), TEXT_MODEL + ": leave it out or send [\"text\"]"),
         "prediction": (_absent_or(), "there are no predicted outputs here"),
@@ -78,7 +79,6 @@ REFUSED = {
     },
     "text": {
         **_COMMON_REFUSED,
-        "logprobs": (_absent_or(), NO_LOGPROBS),
         "echo": (_absent_or(False), "the response holds the completion alone: leave it out or send false"),
         "suffix": (_absent_or(""), "there is no insertion (fill in the middle) here"),
     },
@@ -113,6 +113,7 @@ class CompletionRequest:
     ignored: tuple[str, ...] = ()  # fields received and ignored: named in the response
     grammar: Grammar | None = None  # response_format json_object / json_schema: the reply is constrained to it
     tools: Tools | None = None  # the functions the model may call, and tool_choice
+    logprobs: int = -1  # -1: none; n: each token's log probability (the target's) and its n most likely
 
 
 def parse_request(kind: str, body: Any) -> CompletionRequest:
@@ -147,8 +148,8 @@ def parse_request(kind: str, body: Any) -> CompletionRequest:
                                   "reply: send one of them", "response_format", "unsupported_parameter")
             grammar = tools.grammar()
         return CompletionRequest(messages=messages, ignored=ignored + message_ignored, grammar=grammar, tools=tools,
-                                 **common)
-    return CompletionRequest(prompt=_prompt(body), ignored=ignored, **common)
+                                 logprobs=_chat_logprobs(body), **common)
+    return CompletionRequest(prompt=_prompt(body), ignored=ignored, logprobs=_text_logprobs(body), **common)
 
 
 # ---- fields -------------------------------------------------------------------------
@@ -219,6 +220,25 @@ def _stops(body: dict) -> tuple[str, ...]:
     if any(each == "" for each in stops):
         raise bad_request("`stop` strings must not be empty", "stop")
     return tuple(stops)
+
+
+def _chat_logprobs(body: dict) -> int:
+    """Chat: `logprobs` true asks for each token's; `top_logprobs` (0 to 20, needs it) for the most likely."""
+    asked = _bool(body, "logprobs")
+    top = _number(body, "top_logprobs", whole=True)
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise bad_request(f"`top_logprobs` must be 0 to {MAX_TOP_LOGPROBS}, got {top}", "top_logprobs")
+    if top and not asked:
+        raise bad_request("`top_logprobs` needs `logprobs: true`", "top_logprobs")
+    return (top or 0) if asked else -1
+
+
+def _text_logprobs(body: dict) -> int:
+    """Completions: `logprobs` n (0 to 5) asks for each token's and the n most likely."""
+    n = _number(body, "logprobs", whole=True)
+    if n is not None and not 0 <= n <= MAX_TEXT_LOGPROBS:
+        raise bad_request(f"`logprobs` must be 0 to {MAX_TEXT_LOGPROBS}, got {n}", "logprobs")
+    return -1 if n is None else n
 
 
 def _response_format(value: Any) -> Grammar | None:

@@ -75,6 +75,8 @@ def test_unknown_and_bookkeeping_fields_are_ignored_by_name():
      "legacy functions API"),
     ({**CHAT, "tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name", "letters"),
     ({**CHAT, "tool_choice": "required"}, "tool_choice", "needs `tools`"),
+    ({**CHAT, "top_logprobs": 2}, "top_logprobs", "needs `logprobs: true`"),
+    ({**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "0 to 20"),
     ({**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}],
       "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice", "one of ['f']"),
     ({"model": "specwire", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
