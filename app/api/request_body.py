@@ -2,11 +2,12 @@
 
 Every field a request may carry is in one of three tables, which docs/openai-api.md
 mirrors:
-- supported: read and applied (`messages`, `prompt`, `max_tokens`, `temperature`, ...);
+- supported: read and applied (`messages`, `prompt`, `max_tokens`, `temperature`,
+  `response_format`, `tools`, `logprobs`, ...);
 - refused unless neutral: a field that would change the output in a way this endpoint
-  cannot (tools, `n` > 1, logprobs, penalties, images, ...) is a 400 naming it, so that
+  cannot (`n` > 1, penalties, images, the legacy `functions`, ...) is a 400 naming it, so that
   no client gets text made as if it had been applied; sent with its neutral value
-  (`tools: []`, `n: 1`, `logprobs: false`, `frequency_penalty: 0`) it is accepted;
+  (`n: 1`, `frequency_penalty: 0`, `logit_bias: {}`) it is accepted;
 - ignored: bookkeeping that cannot change the output (`user`, `metadata`, `store`, ...).
 A field in none of them is ignored too, and named in the response's `specwire.ignored`
 and the log: not silently.
