@@ -129,3 +129,19 @@ def test_a_tool_call_round_trip(endpoint):
                                         temperature=0, max_tokens=8)
     assert reply.choices[0].finish_reason in ("stop", "length") and reply.choices[0].message.tool_calls is None
     assert reply.usage.prompt_tokens > answer.usage.prompt_tokens  # the call and its result are in the prompt
+
+
+def test_the_llm_command_line_with_a_schema_prints_valid_json(endpoint, tmp_path):
+    """`llm --schema` against a model configured with supports_schema: the reply validates against the schema."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "extra-openai-models.yaml").write_text(
+        f"- model_id: specwire\n  model_name: specwire\n  api_base: \"{endpoint.url}\"\n  supports_schema: true\n")
+    env = {**os.environ, "LLM_USER_PATH": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "llm", "prompt", "-m", "specwire", "-o", "temperature", "0",
+                           "-o", "max_tokens", str(MAX_TOKENS), "--schema", json.dumps(SCHEMA), "Describe it."],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    jsonschema.validate(json.loads(done.stdout), SCHEMA)
