@@ -67,7 +67,7 @@ from wire.protocol import (
     vocab_fingerprint,
 )
 from remote_verify.scheduler import BATCH_TOKENS, Bookkeeping, DeviceQueue, QueueClosed
-from remote_verify.session import Session, SessionError, SessionLimits
+from remote_verify.session import Session, SessionError, SessionLimits, grammar_vocab
 from remote_verify.server_only import ServerOnlyStream
 from remote_verify import vocab_offer
 from remote_verify.vocab_offer import VocabOffer, make_vocab_offer, offer_response
@@ -193,6 +193,8 @@ class VerifyService:
             backend = self._loader()
             fingerprint = vocab_fingerprint(backend.token_texts())
             self.queue.costs = costs_for(backend)  # the cost curve clients and streams price drafts with
+            if grammars_available():
+                grammar_vocab(backend)  # now, not on the device thread in the middle of the first such stream
             return backend, fingerprint, make_vocab_offer(backend, fingerprint)
 
         loading = asyncio.ensure_future(self.queue.run("load", load))
