@@ -25,6 +25,7 @@ import numpy as np  # noqa: E402
 from llama_cpp._utils import suppress_stdout_stderr  # noqa: E402
 
 from wire.protocol import Hello, SamplingParams, SparseDist, vocab_fingerprint  # noqa: E402
+from wire.grammar import masked_logits  # noqa: E402
 from wire.sampling import race_choice_sparse, sample, truncate, warp  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -256,7 +257,5 @@ class DraftModel:
 
 
 def _masked(logits: np.ndarray, allowed: np.ndarray | None) -> np.ndarray:
-    """logits (V,) with every token outside `allowed` at -inf (in place: they are a copy)."""
-    if allowed is not None:
-        logits[~allowed[: logits.shape[0]]] = -np.inf
-    return logits
+    """logits (V,) with every token outside `allowed` at -inf."""
+    return logits if allowed is None else masked_logits(logits, allowed)
