@@ -21,6 +21,7 @@ from app.api.drafters import DrafterPool
 from app.api.errors import ApiError, bad_request, service_error
 from app.api.events import Delta, Emit, Failed, Finished, Job
 from app.api.logprobs import LogprobEntries
+from app.api.tool_calls import CallWatch
 from app.api.generator import HowToGenerate, build_generator
 from app.api.reply_text import ReplyText
 from app.api.request_body import CompletionRequest
@@ -74,6 +75,8 @@ class RequestGeneration:
         self.logprobs: list[dict] | None = [] if request.logprobs >= 0 else None  # every entry so far
         self._unsent_logprobs: list[dict] = []  # the entries since the last Delta
         self._generator = None  # the generator running now (its token_logprobs)
+        tools = request.tools
+        self._watch = CallWatch() if tools is not None and tools.reads_calls and not tools.constrained else None
 
     def run(self) -> None:
         """Generate and report; every outcome is an event (none when the client went away)."""
@@ -90,7 +93,11 @@ class RequestGeneration:
             content, calls = self.text.sent, []
             if self._reads_calls:
                 content, calls = self.job.request.tools.read(self.text.sent)
-                tail = content or "" if not calls else ""
+                if self._holds_all:
+                    tail = "" if calls else content or ""
+                else:  # what was held back: the calls' text, or (no call after all) text like the rest
+                    tail = self._watch.feed(tail)
+                    tail = tail if calls else tail + self._watch.held
             if tail or self._unsent_logprobs:
                 self.emit(Delta(tail, self._take_logprobs()))
             self.engine.pool.give_back(self.drafter)
@@ -164,13 +171,15 @@ class RequestGeneration:
     def _on_commit(self, tokens: list[int], provenance: list[str]) -> None:
         before = len(self.text.token_ids)
         piece = self.text.add(tokens, provenance)
+        if self._watch is not None:  # tool_choice auto: what may be a call is held
+            piece = self._watch.feed(piece)
         if self.logprobs is not None:  # the generator took this round's before telling: the last len(tokens)
             taken = len(self.text.token_ids) - before  # none after a stop
             given = self._generator.token_logprobs[-len(tokens):][:taken]
             entries = self.entries.of(tokens[:taken], given)
             self.logprobs += entries
             self._unsent_logprobs += entries
-        if piece and not self._reads_calls:
+        if piece and not self._holds_all:
             self.emit(Delta(piece, self._take_logprobs()))
 
     def _take_logprobs(self) -> list[dict] | None:
@@ -181,9 +190,14 @@ class RequestGeneration:
 
     @property
     def _reads_calls(self) -> bool:
-        """Calls are read from the whole reply: until it ends nothing of it goes out (a stream sends it at its end)."""
         tools = self.job.request.tools
         return tools is not None and tools.reads_calls
+
+    @property
+    def _holds_all(self) -> bool:
+        """A forced call: the reply is the call's JSON, read at its end; nothing of it goes out as text."""
+        tools = self.job.request.tools
+        return tools is not None and tools.constrained
 
     def _provenance(self, mode: str) -> dict:
         stats, text = self.stats, self.text

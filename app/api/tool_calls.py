@@ -81,8 +81,36 @@ class Tools:
         calls = [call for found in _CALL.findall(text) if (call := _call(found, self.names)) is not None]
         if not calls:
             return text, []
-        content = text[: text.find("<tool_call>")].strip()
-        return content or None, calls
+        content = text[: text.find(CALL_TAG)]  # as a stream sent it (app/api/generation.py, CallWatch)
+        return content if content.strip() else None, calls
+
+
+CALL_TAG = "<tool_call>"
+
+
+class CallWatch:
+    """In a stream under `tool_choice: auto`: the text that cannot be part of a call goes out as it
+    comes; from a `<tool_call>` tag on (or what may be its start) it is held, to be read as calls
+    at the reply's end."""
+
+    def __init__(self):
+        self.held = ""  # text not let through: a call, or what may begin one
+        self.calling = False  # a tag came: everything from it on is held
+
+    def feed(self, text: str) -> str:
+        """The part of `text` (after what is held) that is safe to send now."""
+        text = self.held + text
+        if self.calling:
+            self.held = text
+            return ""
+        at = text.find(CALL_TAG)
+        if at >= 0:
+            self.calling, self.held = True, text[at:]
+            return text[:at]
+        keep = next((n for n in range(min(len(CALL_TAG) - 1, len(text)), 0, -1)
+                     if CALL_TAG.startswith(text[-n:])), 0)  # a tag's first characters, maybe
+        self.held = text[len(text) - keep:] if keep else ""
+        return text[: len(text) - keep]
 
 
 def _call(text: str, names: list[str]) -> dict | None:

@@ -132,6 +132,10 @@ def test_a_tool_call_round_trip(endpoint):
                                         temperature=0, max_tokens=8)
     assert reply.choices[0].finish_reason in ("stop", "length") and reply.choices[0].message.tool_calls is None
     assert reply.usage.prompt_tokens > answer.usage.prompt_tokens  # the call and its result are in the prompt
+    auto = dict(model="specwire", messages=back, tools=[WEATHER], temperature=0, max_tokens=8)
+    whole = api.chat.completions.create(**auto).choices[0].message.content
+    assert "".join(c.choices[0].delta.content or "" for c in api.chat.completions.create(**auto, stream=True)
+                   if c.choices) == whole  # auto, no call made: the text streams as without tools
 
 
 def test_the_llm_command_line_with_a_schema_prints_valid_json(endpoint, tmp_path):

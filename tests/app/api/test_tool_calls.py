@@ -37,7 +37,7 @@ def test_calls_are_read_from_hermes_tags_with_the_text_before_them():
     tools = parse_tools({"tools": [WEATHER]})
     content, calls = tools.read('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}'
                                 '\n</tool_call>')
-    assert content == "Let me look." and len(calls) == 1
+    assert content == "Let me look.\n" and len(calls) == 1
     assert calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
     assert calls[0]["id"].startswith("call_") and calls[0]["type"] == "function"
     assert tools.read('<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>')[1] == []  # not a tool
@@ -50,3 +50,15 @@ def test_a_forced_reply_is_read_as_one_call(choice):
     tools = parse_tools({"tools": [WEATHER], "tool_choice": choice})
     content, calls = tools.read('{"name":"get_weather","arguments":{"city":"Rome"}}')
     assert content is None and json.loads(calls[0]["function"]["arguments"]) == {"city": "Rome"}
+
+
+def test_a_stream_sends_text_up_to_a_call_and_holds_the_call():
+    """CallWatch: text goes out as it comes, a tag's possible start is held, and everything from a tag on."""
+    from app.api.tool_calls import CallWatch
+
+    watch = CallWatch()
+    pieces = ["Let me ", "look <", "tool", "_call>\n{\"name\": ", "\"get_weather\"}"]
+    sent = "".join(watch.feed(piece) for piece in pieces)
+    assert sent == "Let me look " and watch.calling and watch.held.startswith("<tool_call>")
+    loose = CallWatch()
+    assert loose.feed("a <") == "a " and loose.feed("br>") == "<br>" and loose.held == ""
