@@ -28,6 +28,7 @@ from wire.protocol import Grammar
 CHOICES = ("none", "auto", "required")
 MAX_TOOLS = 128  # OpenAI's limit
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+_FENCE = re.compile(r"\A```(?:json)?\s*(.*?)\s*```\Z", re.S)
 SYSTEM_HEADER = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n")
@@ -79,6 +80,11 @@ class Tools:
             call = _call(text.strip(), self.names)
             return (None, [call]) if call is not None else (text, [])
         calls = [call for found in _CALL.findall(text) if (call := _call(found, self.names)) is not None]
+        if not calls and CALL_TAG not in text:
+            # a reply that is one call and nothing else, bare or in a code fence, is a call too: the
+            # default pair's coder drafter answers so under `auto` (```json {"name": ..., "arguments": ...} ```)
+            bare = _call(_FENCE.sub(r"\1", text.strip()), self.names)
+            return (None, [bare]) if bare is not None else (text, [])
         if not calls:
             return text, []
         content = text[: text.find(CALL_TAG)]  # as a stream sent it (app/api/generation.py, CallWatch)
@@ -91,15 +97,23 @@ CALL_TAG = "<tool_call>"
 class CallWatch:
     """In a stream under `tool_choice: auto`: the text that cannot be part of a call goes out as it
     comes; from a `<tool_call>` tag on (or what may be its start) it is held, to be read as calls
-    at the reply's end."""
+    at the reply's end, and so is a reply that opens as a bare call would (`{` or a code fence)."""
 
     def __init__(self):
         self.held = ""  # text not let through: a call, or what may begin one
-        self.calling = False  # a tag came: everything from it on is held
+        self.calling = False  # a tag came, or the reply opened as a call: everything from there on is held
+        self._opened = False  # some of the reply went out (it did not open as a call)
 
     def feed(self, text: str) -> str:
         """The part of `text` (after what is held) that is safe to send now."""
         text = self.held + text
+        if not self._opened and not self.calling:
+            start = text.lstrip()
+            if not start or "```".startswith(start[:3]) or start[0] == "{":
+                self.calling = bool(start) and (start[0] == "{" or start.startswith("```"))
+                self.held = text
+                return ""
+            self._opened = True
         if self.calling:
             self.held = text
             return ""

@@ -62,3 +62,23 @@ def test_a_stream_sends_text_up_to_a_call_and_holds_the_call():
     assert sent == "Let me look " and watch.calling and watch.held.startswith("<tool_call>")
     loose = CallWatch()
     assert loose.feed("a <") == "a " and loose.feed("br>") == "<br>" and loose.held == ""
+
+
+def test_a_reply_that_is_one_call_alone_is_a_call_under_auto():
+    """auto: a reply that is a call's JSON and nothing else, bare or fenced, is read as that call."""
+    tools = parse_tools({"tools": [WEATHER]})
+    fenced = '```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Oslo"}\n}\n```'
+    for reply in (fenced, '{"name": "get_weather", "arguments": {"city": "Oslo"}}'):
+        content, calls = tools.read(reply)
+        assert content is None and json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo"}
+    assert tools.read('Use {"name": "get_weather"} like this.')[1] == []  # JSON inside prose is not a call
+
+
+def test_a_stream_holds_a_reply_that_opens_as_a_bare_call():
+    """A reply opening with `{` or a code fence is held whole; one opening with prose goes out."""
+    from app.api.tool_calls import CallWatch
+
+    fenced = CallWatch()
+    assert fenced.feed("\n`") == "" and fenced.feed("``json\n{") == "" and fenced.calling
+    prose = CallWatch()
+    assert prose.feed(" ") == "" and prose.feed("Sure, {x}") == " Sure, {x}" and not prose.calling
