@@ -30,6 +30,38 @@ SCHEMAS = [
                                       "word": {"type": "string", "pattern": "^[a-z]{1,6}$"}},
      "required": ["inner", "word"], "additionalProperties": False},
 ]
+
+
+def closed(properties: dict, required: list[str] | None = None) -> dict:
+    """An object schema with these properties, all required unless named, and no others."""
+    return {"type": "object", "properties": properties, "required": required or list(properties),
+            "additionalProperties": False}
+
+
+# Twenty schemas: nested objects, enums, arrays, numbers, strings with patterns. Each is bounded
+# (a random tiny model inside an unbounded string or a free decimal would write until max_tokens).
+SCHEMA_SET = [
+    closed({"ok": {"type": "boolean"}}),
+    closed({"kind": {"enum": ["self", "def", "return"]}}),
+    closed({"n": {"type": "integer", "minimum": 0, "maximum": 9}}),
+    closed({"n": {"type": "integer", "minimum": -500, "maximum": 500}}),
+    closed({"x": {"type": "number", "minimum": -5, "maximum": 5, "multipleOf": 0.5}}),
+    closed({"word": {"type": "string", "pattern": "^[a-z]{1,8}$"}}),
+    closed({"code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"}}),
+    closed({"s": {"type": "string", "maxLength": 12}}),
+    closed({"tags": {"type": "array", "items": {"enum": ["a", "the", "in"]}, "maxItems": 4}}),
+    closed({"ids": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "minItems": 1, "maxItems": 5}}),
+    closed({"flags": {"type": "array", "items": {"type": "boolean"}, "minItems": 2, "maxItems": 2}}),
+    closed({"inner": closed({"a": {"type": "boolean"}, "b": {"enum": [1, 2, 3]}})}),
+    closed({"p": closed({"q": closed({"r": {"type": "integer", "minimum": 0, "maximum": 5}})})}),
+    closed({"items": {"type": "array", "items": closed({"k": {"enum": ["x", "y"]}}), "maxItems": 3}}),
+    closed({"a": {"type": "null"}, "b": {"type": "boolean"}}),
+    closed({"v": {"anyOf": [{"type": "boolean"}, {"type": "integer", "minimum": 0, "maximum": 9}]}}),
+    closed({"opt": {"type": "boolean"}, "req": {"enum": ["on", "off"]}}, ["req"]),
+    closed({"name": {"type": "string", "pattern": "^[A-Z][a-z]{0,6}$"}, "age": {"type": "integer", "minimum": 0, "maximum": 120}}),
+    {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 1, "maxItems": 6},
+    {"enum": ["self", "return", "def", "the"]},
+]
 PROMPTS = ["Reply in JSON:", "def f(x):"]
 MAX_TOKENS = 60
 
@@ -82,6 +114,21 @@ def test_greedy_stream_with_a_schema_is_the_constrained_target_alone(service, ta
         assert server_only.generate(context, MAX_TOKENS).token_ids == alone, prompt
         assert made[-1] in end_ids, "the value was completed and ended"
         jsonschema.validate(reply_json(close_draft, made), schema)
+    client.close()
+
+
+def test_twenty_schemas_greedy_are_the_constrained_target_alone_and_valid(service_on, llamacpp_target, close_draft):
+    """Each of twenty schemas, two prompts: the default mode's reply equals the masked target's, ends, and validates."""
+    end_ids = sorted(close_draft.end_ids)
+    client = VerifyClient(service_on("llamacpp").url, hello_for(close_draft))
+    for schema in SCHEMA_SET:
+        speculator = StreamSpeculator(close_draft, client, SamplingParams(), max_block=4, grammar=grammar_of(schema))
+        for prompt in PROMPTS:
+            context = close_draft.tokenize(prompt)
+            made = speculator.generate(context, 80).token_ids
+            assert made == constrained_target_alone(llamacpp_target, context, grammar_of(schema), end_ids, 80)
+            assert made[-1] in end_ids, (schema, prompt)
+            jsonschema.validate(reply_json(close_draft, made), schema)
     client.close()
 
 
