@@ -132,21 +132,46 @@ def test_twenty_schemas_greedy_are_the_constrained_target_alone_and_valid(servic
     client.close()
 
 
+SAMPLED = SamplingParams(temperature=1.0, top_k=40)
+
+
+def sampled_mismatches(url: str, target, draft) -> int:
+    """Seeded, sampled replies under each schema that differ from the race of the masked target's distribution."""
+    end_ids, differ = sorted(draft.end_ids), 0
+    for seed in range(4):
+        client = VerifyClient(url, hello_for(draft, SAMPLED, seed=seed))
+        for schema in SCHEMAS:
+            speculator = StreamSpeculator(draft, client, SAMPLED, seed=seed, max_block=4, grammar=grammar_of(schema))
+            context = draft.tokenize(PROMPTS[0])
+            made = speculator.generate(context, MAX_TOKENS).token_ids
+            differ += made != constrained_target_alone(target, context, grammar_of(schema), end_ids, MAX_TOKENS,
+                                                       SAMPLED, seed)
+        client.close()
+    return differ
+
+
 def test_sampled_stream_with_a_schema_is_the_constrained_targets_race(service_on, llamacpp_target, close_draft):
     """Sampled and seeded: the stream is the race of the masked target's distribution, token for token
     (the race makes the text a function of the seed, so no statistics are needed to see it exact)."""
-    params = SamplingParams(temperature=1.0, top_k=40)
-    end_ids = sorted(close_draft.end_ids)
-    for seed in range(4):
-        client = VerifyClient(service_on("llamacpp").url, hello_for(close_draft, params, seed=seed))
-        for schema in SCHEMAS:
-            speculator = StreamSpeculator(close_draft, client, params, seed=seed, max_block=4,
-                                          grammar=grammar_of(schema))
-            context = close_draft.tokenize(PROMPTS[0])
-            made = speculator.generate(context, MAX_TOKENS).token_ids
-            assert made == constrained_target_alone(llamacpp_target, context, grammar_of(schema), end_ids,
-                                                    MAX_TOKENS, params, seed), (seed, schema)
-        client.close()
+    assert sampled_mismatches(service_on("llamacpp").url, llamacpp_target, close_draft) == 0
+
+
+def test_a_mask_applied_after_the_warp_is_caught(service_on, llamacpp_target, close_draft, monkeypatch):
+    """A planted bug: the service warps (top-k 40) first and masks after; the sampled check turns red."""
+    from remote_verify.session import Session
+
+    def warp_then_mask(self, result, position, row, block):
+        if self.grammar is None:
+            return original(self, result, position, row, block)
+        self.grammar.follow((self.committed + block[:row])[self.grammar.grammar.start:])
+        probs = warp(result[row], self.sampling) * self.grammar.allowed(result.shape[-1])
+        if probs.sum() == 0:  # top-k kept nothing the grammar allows: its most likely allowed token
+            return int(self.grammar.mask(result[row]).argmax())
+        return race_choice(probs / probs.sum(), self.randomness.race(position + row, probs.shape[0]))
+
+    original = Session._target_pick
+    monkeypatch.setattr(Session, "_target_pick", warp_then_mask)
+    assert sampled_mismatches(service_on("llamacpp").url, llamacpp_target, close_draft) > 0
 
 
 def test_a_mask_on_the_drafter_alone_is_caught(service_on, llamacpp_target, close_draft, monkeypatch):
