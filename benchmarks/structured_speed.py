@@ -84,7 +84,8 @@ def main() -> None:
                 texts[mode] = made
                 if mode == "default":
                     print(f"  {label}, default: {drafted} guesses verified, {accepted} kept "
-                          f"({accepted / max(drafted, 1):.2f}); {1e3 * guess_s / max(drafted, 1):.2f} ms drafting a guess")
+                          f"({accepted / max(drafted, 1):.2f}); "
+                          f"{1e3 * guess_s / max(drafted, 1):.2f} ms drafting a guess")
             assert texts["server"] == texts["default"], "the modes' texts differ"
             tokens = sum(map(len, texts["server"]))
             print(f"{label}: {tokens} tokens in {len(prompts)} replies; server {rates['server']:.1f} tokens/s, "

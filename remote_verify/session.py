@@ -213,7 +213,8 @@ class Session:
         if request.max_tokens < 1:
             raise SessionError("bad_request", f"max_tokens must be at least 1, got {request.max_tokens}")
         if not -1 <= request.logprobs <= MAX_TOP_LOGPROBS:
-            raise SessionError("bad_request", f"logprobs must be -1 (none) to {MAX_TOP_LOGPROBS}, got {request.logprobs}")
+            raise SessionError("bad_request",
+                               f"logprobs must be -1 (none) to {MAX_TOP_LOGPROBS}, got {request.logprobs}")
         if len(request.stop_ids) > MAX_STOP_IDS:
             raise SessionError("bad_request", f"{len(request.stop_ids)} stop_ids: send at most {MAX_STOP_IDS}")
         history = len(self.committed) + len(request.append)

@@ -27,7 +27,8 @@ class Accepted:
 @dataclass(frozen=True)
 class Delta:
     text: str  # safe to send: no part of it can turn out to be part of a stop string
-    logprobs: list[dict] | None = None  # when asked: the entries of the tokens since the last Delta (app/api/logprobs.py)
+    # when asked: the entries of the tokens since the last Delta (app/api/logprobs.py)
+    logprobs: list[dict] | None = None
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,8 @@ IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "
            "prompt_cache_key", "verbosity"}
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
-MESSAGE_FIELDS = {"role", "content", "tool_calls", "tool_call_id"}  # others (`name`: templates have no place for it) are ignored
+# others (`name`: chat templates have no place for it) are ignored
+MESSAGE_FIELDS = {"role", "content", "tool_calls", "tool_call_id"}
 MESSAGE_REFUSED = {
     "function_call": "assistant messages with function_call (the legacy functions API) are not supported: "
                      "send tool_calls",

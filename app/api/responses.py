@@ -85,7 +85,8 @@ class ResponseShape:
     def tool_calls_chunk(self, finished: Finished, include_usage: bool) -> dict:
         """The reply's calls, whole, in one delta (they are read from the whole reply)."""
         body = self.chunk(include_usage=include_usage)
-        body["choices"][0]["delta"] = {"tool_calls": [{"index": i, **call} for i, call in enumerate(finished.tool_calls)]}
+        calls = [{"index": i, **call} for i, call in enumerate(finished.tool_calls)]
+        body["choices"][0]["delta"] = {"tool_calls": calls}
         return body
 
     def last_chunk(self, finished: Finished, include_usage: bool) -> dict:

@@ -60,8 +60,9 @@ class Tools:
 
     def grammar(self) -> Grammar:
         """The reply as one call: {"name": one of the (chosen) functions, "arguments": its parameters}."""
-        options = [{"type": "object", "properties": {"name": {"const": f["function"]["name"]},
-                                                     "arguments": f["function"].get("parameters") or {"type": "object"}},
+        options = [{"type": "object",
+                    "properties": {"name": {"const": f["function"]["name"]},
+                                   "arguments": f["function"].get("parameters") or {"type": "object"}},
                     "required": ["name", "arguments"], "additionalProperties": False}
                    for f in self.functions
                    if self.choice == "required" or self.choice == "function:" + f["function"]["name"]]
@@ -163,7 +164,8 @@ def parse_tools(body: dict) -> Tools | None:
             raise bad_request(f"`{where}` must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}", where)
         name = function.get("name")
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
-            raise bad_request(f"`{where}.function.name` must be 1 to 64 letters, digits, _ or -", f"{where}.function.name")
+            raise bad_request(f"`{where}.function.name` must be 1 to 64 letters, digits, _ or -",
+                              f"{where}.function.name")
         if not isinstance(function.get("parameters", {}), dict):
             raise bad_request(f"`{where}.function.parameters` must be a JSON schema object",
                               f"{where}.function.parameters")

@@ -64,7 +64,7 @@ def test_logprobs_are_the_target_alones(service, target, close_draft, with_gramm
 
 
 def test_logprobs_of_guessed_tokens_are_the_target_alones(paced_service, llamacpp_target, close_draft):
-    """Behind a GPU-paced service, where guesses are kept: theirs are the target's too (scored in the pass that kept them)."""
+    """Behind a GPU-paced service, where guesses are kept: theirs are the target's too (from the pass keeping them)."""
     # how many guesses are kept depends on the machine's timing (49 of 96 tokens here): not asserted
     check_logprobs(paced_service.url, llamacpp_target, close_draft, True)
     check_logprobs(paced_service.url, llamacpp_target, close_draft, False)

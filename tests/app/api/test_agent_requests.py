@@ -167,7 +167,8 @@ def test_chat_logprobs_are_the_target_alones_streamed_or_not(endpoint, tiny, lla
     from local_draft.draft_model import DraftModel
 
     api = client(endpoint)
-    answer = api.chat.completions.create(model="specwire", messages=LOGPROB_MESSAGES, max_tokens=LOGPROB_TOKENS, temperature=0,
+    answer = api.chat.completions.create(model="specwire", messages=LOGPROB_MESSAGES, max_tokens=LOGPROB_TOKENS,
+                                         temperature=0,
                                          logprobs=True, top_logprobs=3)
     tokens = answer.model_extra["specwire"]["token_ids"]
     entries = answer.choices[0].logprobs.content
@@ -185,7 +186,8 @@ def test_chat_logprobs_are_the_target_alones_streamed_or_not(endpoint, tiny, lla
         assert np.allclose([t.logprob for t in entry.top_logprobs], np.sort(row)[::-1][:3], atol=1e-4)
     streamed = list(api.chat.completions.create(model="specwire", messages=LOGPROB_MESSAGES, max_tokens=LOGPROB_TOKENS,
                                                 temperature=0, logprobs=True, top_logprobs=3, stream=True))
-    streamed_entries = [e for c in streamed if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    streamed_entries = [entry for c in streamed if c.choices and c.choices[0].logprobs
+                        for entry in c.choices[0].logprobs.content]
     assert [(e.token, e.logprob) for e in streamed_entries] == [(e.token, e.logprob) for e in entries]
 
 

@@ -109,7 +109,8 @@ def test_a_text_prompt_is_one_string_or_token_ids_never_a_batch():
 
 @pytest.mark.parametrize("response_format, kind", [
     (None, None), ({"type": "text"}, None), ({"type": "json_object"}, "json_object"),
-    ({"type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": {"type": "object"}}}, "json_schema"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": {"type": "object"}}},
+     "json_schema"),
 ])
 def test_response_format_becomes_the_requests_grammar(response_format, kind):
     """text or none: no grammar; json_object and json_schema: a grammar of that kind, the schema as compact JSON."""
