@@ -158,8 +158,29 @@ def _peak_bytes() -> int:
 
 @dataclass(frozen=True)
 class Message:
-    role: str  # "system", "user" or "assistant"
+    role: str  # "system", "user", "assistant" or "tool"
     content: str
+    tool_calls: tuple = ()  # an assistant's calls: ({"id", "type": "function", "function": {"name", "arguments"}}, ...)
+    tool_call_id: str = ""  # a tool message: the call it answers
+
+    def for_template(self) -> dict:
+        """The message as Hugging Face templates take it (a call's arguments as an object, not its JSON text)."""
+        message = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [_call_for_template(call) for call in self.tool_calls]
+        if self.tool_call_id:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+def _call_for_template(call: dict) -> dict:
+    function = dict(call.get("function", {}))
+    if isinstance(function.get("arguments"), str):
+        try:
+            function["arguments"] = json.loads(function["arguments"])
+        except ValueError:
+            pass  # left as the client sent it
+    return {**call, "function": function}
 
 
 def _raise_exception(message: str) -> None:
@@ -189,15 +210,23 @@ class ChatTemplate:
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"the chat template does not compile: {exc}") from exc
 
-    def render(self, messages: list[Message], add_generation_prompt: bool = True) -> str:
-        """The prompt text; ChatTemplateError if the template fails, or runs past a bound (see above)."""
+    @property
+    def takes_tools(self) -> bool:
+        """Whether the template shows the model a `tools` list (Qwen's and Llama 3's do; ChatML does not)."""
+        return "tools" in self.source
+
+    def render(self, messages: list[Message], add_generation_prompt: bool = True,
+               tools: list[dict] | None = None) -> str:
+        """The prompt text; ChatTemplateError if the template fails, or runs past a bound (see above).
+        `tools`: the functions the model may call (OpenAI's `tools` entries), for templates that take them."""
+        extra = {"tools": tools} if tools else {}
         pieces, size = [], 0
         try:
             with _RenderGuard():
                 for piece in self._template.generate(
-                        messages=[{"role": m.role, "content": m.content} for m in messages],
+                        messages=[m.for_template() for m in messages],
                         add_generation_prompt=add_generation_prompt,
-                        bos_token=self.bos_token, eos_token=self.eos_token):
+                        bos_token=self.bos_token, eos_token=self.eos_token, **extra):
                     size += len(piece)
                     if size > MAX_RENDER_CHARS:
                         _refuse("a prompt that long")

@@ -25,6 +25,7 @@ import numpy as np  # noqa: E402
 from llama_cpp._utils import suppress_stdout_stderr  # noqa: E402
 
 from wire.protocol import Hello, SamplingParams, SparseDist, vocab_fingerprint  # noqa: E402
+from wire.grammar import masked_logits  # noqa: E402
 from wire.sampling import race_choice_sparse, sample, truncate, warp  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -126,26 +127,31 @@ class DraftModel:
 
     def propose(self, context: Sequence[int], k: int, params: SamplingParams,
                 rng: np.random.Generator, cap: int | None = WIRE_TOP_K_CAP,
-                should_stop: Callable[[], bool] | None = None) -> tuple[list[int], list[SparseDist]]:
+                should_stop: Callable[[], bool] | None = None,
+                allowed: np.ndarray | None = None) -> tuple[list[int], list[SparseDist]]:
         """Draft k tokens after `context`; returns them and (when sampling) their distributions.
 
         Sampling draws from the warped draft distribution truncated to `cap` tokens, and
         returns exactly that distribution, so the service can apply min(1, p/q).
         `should_stop` is asked before each token: drafting ahead ends when a verdict arrives.
+        `allowed` (V,) bool: the only tokens the first may be (a grammar's mask: k is then 1).
         """
+        assert allowed is None or k == 1, "a grammar's mask holds for one position"
         self._check_room(context, k)
         self._catch_up(context)
-        return self._draft(k, params, rng, cap, should_stop)
+        return self._draft(k, params, rng, cap, should_stop, allowed)
 
-    def guess(self, context: Sequence[int], params: SamplingParams, clocks: np.ndarray | None) -> int:
+    def guess(self, context: Sequence[int], params: SamplingParams, clocks: np.ndarray | None,
+              allowed: np.ndarray | None = None) -> int:
         """The draft's guess at the target's token after `context`, in a stream: its argmax
         (greedy), or the winner of the race of its own distribution (truncated as on the wire)
         over `clocks`, the race's clocks at that position (wire/sampling.py `race_choice`), which
         picks the target's token as often as the two distributions allow. The cache then holds
-        `context`, so the next guess evaluates one token."""
+        `context`, so the next guess evaluates one token. `allowed` (V,) bool: a grammar's mask,
+        applied to the logits first, as the service applies it to the target's."""
         self._check_room(context, 1)
         self._catch_up(context)
-        logits = self._last_logits()
+        logits = _masked(self._last_logits(), allowed)
         if params.greedy:
             return int(np.argmax(logits))
         return race_choice_sparse(truncate(warp(logits, params), WIRE_TOP_K_CAP), clocks)
@@ -170,7 +176,8 @@ class DraftModel:
         return guess, tokens, dists
 
     def _draft(self, k: int, params: SamplingParams, rng: np.random.Generator, cap: int | None,
-               should_stop: Callable[[], bool] | None) -> tuple[list[int], list[SparseDist]]:
+               should_stop: Callable[[], bool] | None,
+               allowed: np.ndarray | None = None) -> tuple[list[int], list[SparseDist]]:
         """Draft up to k tokens after the cache's last position; the last one is not evaluated."""
         tokens: list[int] = []
         dists: list[SparseDist] = []
@@ -179,7 +186,7 @@ class DraftModel:
                 break
             if i:
                 self._llama.eval([tokens[-1]])
-            logits = self._last_logits()
+            logits = _masked(self._last_logits(), allowed if i == 0 else None)
             if params.greedy:
                 token = int(np.argmax(logits))
             else:
@@ -247,3 +254,8 @@ class DraftModel:
         return np.ctypeslib.as_array(
             ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), shape=(self.vocab_size,)
         ).copy()
+
+
+def _masked(logits: np.ndarray, allowed: np.ndarray | None) -> np.ndarray:
+    """logits (V,) with every token outside `allowed` at -inf."""
+    return logits if allowed is None else masked_logits(logits, allowed)

@@ -5,7 +5,8 @@ stream of tokens, one target forward pass per token), and the way for a client t
 cannot run a drafter. Tokens are reported with provenance "target". The client keeps the
 history, as in the speculation loop, so the service's copy is rebuilt by Sync when needed,
 and a stream cut short by a lost or draining service goes on from where it stopped once
-the link has a connection again (any replica will do).
+the link has a connection again (any replica will do). With a grammar the target alone is
+constrained by it (`--mode server` with the same schema: the baseline of constrained speculation).
 """
 
 from __future__ import annotations
@@ -17,14 +18,18 @@ from local_draft.generation_stats import Generation, GenerationStats
 from local_draft.service_link import ServiceLink
 from local_draft.speculator import FixedLink, OnCommit, ShouldStop
 from local_draft.verify_client import ServiceUnreachable, VerifyClient, VerifyError
-from wire.protocol import Cancel, Generate, Generated, Sync
+from local_draft.stream_speculator import GrammarUnsupported
+from wire.protocol import Cancel, Generate, Generated, Grammar, Sync
 
 STOP_REASONS = {"cancelled": "stopped"}  # the service's word -> the speculation loop's
 INTERRUPTED = ("going_away", "lost")  # the stream ended before its end: continue elsewhere
 
 
 class ServerOnlyGenerator:
-    def __init__(self, link: ServiceLink | VerifyClient, end_ids: Iterable[int], resume_within_s: float = 30.0):
+    def __init__(self, link: ServiceLink | VerifyClient, end_ids: Iterable[int], resume_within_s: float = 30.0,
+                 grammar: Grammar | None = None):
+        self.grammar = grammar  # constrains each generation's tokens (from the generation's start)
+        self._grammar_at: Grammar | None = None  # the running generation's, with its start
         self.link = FixedLink(link) if isinstance(link, VerifyClient) else link
         self.end_ids = sorted(end_ids)  # the stream stops after any of these (EOS and its kin)
         self.resume_within_s = resume_within_s  # how long to wait for a lost service to come back
@@ -45,6 +50,8 @@ class ServerOnlyGenerator:
         """Continue `context` by up to max_tokens tokens, all made by the target."""
         stats = self.stats = GenerationStats()
         new: list[int] = []
+        self._grammar_at = None if self.grammar is None else Grammar(self.grammar.kind, self.grammar.schema,
+                                                                     start=len(context))
         while True:
             client = self._current_client()
             sent0, received0 = client.bytes_sent, client.bytes_received
@@ -89,6 +96,9 @@ class ServerOnlyGenerator:
 
     def _start(self, client: VerifyClient, history: list[int], max_tokens: int) -> Generated:
         """Send Generate (after a Sync if the service's copy may differ); returns the first frame."""
+        if self._grammar_at is not None and self._grammar_at.kind not in client.welcome.grammars:
+            raise GrammarUnsupported(f"the verification service cannot apply a {self._grammar_at.kind} grammar: "
+                                     "it runs an older specwire, or one without llguidance")
         for attempt in range(2):
             rekey = self._seed is not None and self._keyed is not client
             if attempt or rekey or self._service_history != history[: len(self._service_history)]:
@@ -97,7 +107,7 @@ class ServerOnlyGenerator:
             known = len(self._service_history)
             self._service_history = []  # unknown until the stream ends
             client.send_generate(Generate(seq=self._seq, committed_len=known, append=history[known:],
-                                          max_tokens=max_tokens, stop_ids=self.end_ids))
+                                          max_tokens=max_tokens, stop_ids=self.end_ids, grammar=self._grammar_at))
             self.stats.round_trips += 1
             try:
                 return client.receive_generated(first=True)

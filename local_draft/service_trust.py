@@ -11,11 +11,13 @@ clipboard (OSC 52). So every frame the client decodes goes through `token_id_pro
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import msgspec
 
-from wire.protocol import Generated, Verdict, Welcome
+from wire.limits import MAX_TOP_LOGPROBS
+from wire.protocol import Generated, TokenLogprobs, Verdict, Welcome
 from wire.visible_text import escaped
 
 MAX_SAID_CHARS = 2000  # an error message is a sentence or two; a longer one is cut here
@@ -39,6 +41,8 @@ def frame_token_ids(frame: object) -> Sequence[int]:
     if isinstance(frame, Verdict):
         return (frame.token,)
     if isinstance(frame, Generated):
+        if frame.logprobs:  # the alternatives' ids are shown as text too
+            return [*frame.tokens, *(token for each in frame.logprobs for token in each.top_ids)]
         return frame.tokens
     return ()
 
@@ -67,6 +71,21 @@ def with_words_escaped(frame):
         return msgspec.structs.replace(frame, target=said_by_service(frame.target),
                                        session_id=said_by_service(frame.session_id),
                                        capabilities=[said_by_service(each) for each in frame.capabilities])
+    if isinstance(frame, Generated) and frame.logprobs:
+        frame = msgspec.structs.replace(frame, logprobs=_logprobs(frame))
     if isinstance(frame, Generated) and frame.stop_reason:
         return msgspec.structs.replace(frame, stop_reason=said_by_service(frame.stop_reason))
     return frame
+
+
+def _logprob(value: float) -> float:
+    """A log probability the client can show: at most 0, and NaN as impossible (-inf)."""
+    return min(value, 0.0) if value == value else -math.inf
+
+
+def _logprobs(frame: Generated) -> list[TokenLogprobs]:
+    """The frame's log probabilities, one per token at most, MAX_TOP_LOGPROBS alternatives each, numbers
+    that are log probabilities."""
+    return [TokenLogprobs(_logprob(each.logprob), list(each.top_ids[:MAX_TOP_LOGPROBS]),
+                          [_logprob(x) for x in each.top_logprobs[:len(each.top_ids[:MAX_TOP_LOGPROBS])]])
+            for each in frame.logprobs[: len(frame.tokens)]]

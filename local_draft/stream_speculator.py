@@ -28,6 +28,11 @@ A lost service is handled as the round-based loop handles it (local_draft/specul
 the draft model goes on alone, unverified ("offline"), while the link reconnects; then the
 stream resumes from the whole history on the new connection. With no model, the loss is
 waited for (`resume_within_s`), then is an error.
+
+With a grammar (a JSON schema: wire/grammar.py) the Generate carries it and the service masks
+the target's logits with it; the drafter masks its own with the same grammar, so that its
+guesses stay inside it (offline tokens too). A service that cannot apply one (its Welcome
+names no grammar kinds) is refused the request: never unconstrained text in its place.
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
+import msgspec
+import numpy as np
+
 from local_draft.draft_model import DraftModel, DraftModelError
 from local_draft.draft_source import drafter_and_end_ids
 from local_draft.generation_stats import Generation, GenerationStats
@@ -45,7 +53,8 @@ from local_draft.service_link import ServiceLink
 from local_draft.speculator import FixedLink, OnCommit, ShouldStop
 from local_draft.stream_controller import StreamController
 from local_draft.verify_client import ServiceUnreachable, VerifyClient, VerifyError
-from wire.protocol import Cancel, Draft, Generate, Generated, SamplingParams, Sync
+from wire import grammar as grammars
+from wire.protocol import Cancel, Draft, Generate, Generated, Grammar, SamplingParams, Sync, TokenLogprobs
 from wire.randomness import DecisionRandomness, draft_generator, fresh_seed
 from wire.threads import physical_cores
 
@@ -57,6 +66,10 @@ MIN_SEND_INTERVAL_S = 0.002  # guesses made faster than this go out together (a 
 STOP_POLL_S = 0.05  # waiting for a frame, a stop asked by the user is seen within this
 NGRAM_MIN_MATCH = 2  # shorter matches (a common token) guess badly: not sent in "mixed"
 SOURCE_MEMORY = 0.9  # "mixed": the weight of the past in each drafter's record of right guesses
+
+
+class GrammarUnsupported(RuntimeError):
+    """The service cannot apply the generation's grammar: the request is refused, not run unconstrained."""
 
 
 @dataclass
@@ -84,8 +97,14 @@ class StreamSpeculator:
 
     def __init__(self, draft: DraftModel | None, link: ServiceLink | VerifyClient | None, params: SamplingParams,
                  seed: int | None = None, max_block: int | None = None, drafting: str = "model",
-                 end_ids: Iterable[int] | None = None, resume_within_s: float = 0.0, colocated: bool | None = None):
+                 end_ids: Iterable[int] | None = None, resume_within_s: float = 0.0, colocated: bool | None = None,
+                 grammar: Grammar | None = None, logprobs: int = -1):
         self.draft, self.end_ids = drafter_and_end_ids(draft, drafting, end_ids)
+        self.logprobs = logprobs  # -1: none; n: the target's log probability of each token and its n most likely
+        self.token_logprobs: list[TokenLogprobs | None] = []  # the generation's, one per token (None: made offline)
+        self.grammar = grammar  # each generation's output is constrained by it (its start: where that begins)
+        self._grammar_at: Grammar | None = None  # the running generation's, with its start
+        self._constraint: grammars.TokenConstraint | None = None  # the drafter's copy of it
         self.drafting = drafting
         self.ngram = NGramDrafter() if drafting != "model" else None
         self.link = FixedLink(link) if isinstance(link, VerifyClient) else link  # None: offline
@@ -140,6 +159,8 @@ class StreamSpeculator:
         stats = self.stats = GenerationStats()
         self.controller.new_reply()
         history, new = list(context), []
+        self.token_logprobs = []
+        self._constrain_from(len(history))
         reason = "max_tokens"
         while len(new) < max_tokens:
             if should_stop is not None and should_stop():
@@ -167,9 +188,33 @@ class StreamSpeculator:
         stats.wall_s = time.perf_counter() - stats.started_at
         return Generation(new, STOP_REASONS.get(reason, reason), stats)
 
+    def _constrain_from(self, start: int) -> None:
+        """Constrain the generation's tokens from position `start` by the grammar, if there is one."""
+        if self.grammar is None:
+            self._grammar_at = self._constraint = None
+            return
+        self._grammar_at = msgspec.structs.replace(self.grammar, start=start)
+        self._constraint = None
+        if self.draft is not None:
+            draft = self.draft
+            vocab = grammars.vocab_for(draft.vocab_fingerprint, n_vocab=draft.vocab_size,
+                                       load=lambda: [draft.token_text(i) for i in range(draft.vocab_size)])
+            self._constraint = grammars.TokenConstraint(self._grammar_at, vocab, self.end_ids)
+
+    def _allowed(self, context: list[int]) -> np.ndarray | None:
+        """The grammar's mask for the token after `context` (None: no grammar, or a context that
+        left it, an n-gram guess's: the drafter then guesses freely, and the service refuses it)."""
+        if self._constraint is None or not self._constraint.follow(context[self._grammar_at.start:]):
+            return None
+        return self._constraint.allowed(self.draft.vocab_size)
+
     def _stream(self, client: VerifyClient, history: list[int], new: list[int], max_tokens: int,
                 on_commit: OnCommit | None, should_stop: ShouldStop | None) -> str:
         """One Generate and its stream, guessing ahead while it runs; returns the stop reason."""
+        if self._grammar_at is not None and self._grammar_at.kind not in client.welcome.grammars:
+            raise GrammarUnsupported(
+                f"the verification service ({client.welcome.target or 'unnamed target'}) cannot apply a "
+                f"{self._grammar_at.kind} grammar: it runs an older specwire, or one without llguidance")
         stats = self.stats
         sent0, received0 = client.bytes_sent, client.bytes_received
         self.controller.curve = client.welcome.pass_costs
@@ -261,7 +306,8 @@ class StreamSpeculator:
         known = len(self._service_history)
         self._service_history = []  # unknown until the stream ends
         client.send_generate(Generate(seq=self._seq, committed_len=known, append=history[known:],
-                                      max_tokens=budget, stop_ids=sorted(self.end_ids)))
+                                      max_tokens=budget, stop_ids=sorted(self.end_ids), grammar=self._grammar_at,
+                                      logprobs=self.logprobs))
         self.stats.round_trips += 1
         return self._seq
 
@@ -295,6 +341,9 @@ class StreamSpeculator:
             self._score_sources(chain, right, tested)
         history += tokens
         new += tokens
+        if self.logprobs >= 0:
+            given = list(frame.logprobs[: len(tokens)])
+            self.token_logprobs += given + [None] * (len(tokens) - len(given))
         if on_commit:
             on_commit(tokens, ["draft"] * accepted + ["target"] * (len(tokens) - accepted))
         if right < len(tokens):  # a guess was wrong, or the chain ran out: guess afresh after the new text
@@ -339,7 +388,7 @@ class StreamSpeculator:
         began = time.perf_counter()
         clocks = None if self.params.greedy else self.randomness.race(len(context), self.draft.vocab_size)
         try:
-            token = self.draft.guess(context, self.params, clocks)
+            token = self.draft.guess(context, self.params, clocks, self._allowed(context))
         except DraftModelError:  # the drafter's context is full: the stream goes on without guesses
             return False
         spent = time.perf_counter() - began
@@ -387,7 +436,7 @@ class StreamSpeculator:
             return "more"
         began = time.perf_counter()
         try:
-            tokens, _ = self.draft.propose(history, 1, self.params, self.rng, cap=None)
+            tokens, _ = self.draft.propose(history, 1, self.params, self.rng, cap=None, allowed=self._allowed(history))
         except DraftModelError:
             return "context"
         self.stats.draft_s += time.perf_counter() - began
@@ -395,6 +444,8 @@ class StreamSpeculator:
         self.stats.offline += 1
         history += tokens
         new += tokens
+        if self.logprobs >= 0:
+            self.token_logprobs.append(None)  # the target's are not known: never the drafter's in their place
         if on_commit:
             on_commit(tokens, ["offline"])
         if tokens[0] in self.end_ids:

@@ -16,12 +16,12 @@ field this version does not know (fields are only appended) and reading strings.
 
 from __future__ import annotations
 
-from typing import Annotated, Union
+from typing import Annotated, Optional, Union
 
 import msgspec
 
-from wire.limits import MAX_DIST_TOKENS, MAX_DRAFT_SOURCE_CHARS, MAX_STOP_IDS, MAX_TREE_NODES
-from wire.protocol import Cancel, Draft, Generate, Hello, SparseDist, Sync, Verify
+from wire.limits import MAX_DIST_TOKENS, MAX_DRAFT_SOURCE_CHARS, MAX_GRAMMAR_BYTES, MAX_STOP_IDS, MAX_TREE_NODES
+from wire.protocol import Cancel, Draft, Generate, Grammar, Hello, SparseDist, Sync, Verify
 
 
 def _bounded(length: int, element=int):
@@ -50,8 +50,14 @@ def bounded_client_message(max_context: int, max_draft: int):
                                           ("draft_source", _short_text(MAX_DRAFT_SOURCE_CHARS), "")],
                                bases=(Verify,), tag="verify")
     sync = msgspec.defstruct("Sync", [("tokens", _bounded(max_context))], bases=(Sync,), tag="sync")
+    # a grammar's schema is refused from its length header past MAX_GRAMMAR_BYTES characters (its
+    # UTF-8 bytes are counted when it is checked: wire/grammar.py)
+    grammar = msgspec.defstruct("Grammar", [("kind", _short_text(MAX_DRAFT_SOURCE_CHARS)),
+                                            ("schema", _short_text(MAX_GRAMMAR_BYTES), "")],
+                                bases=(Grammar,), frozen=True)
     generate = msgspec.defstruct("Generate", [("append", _bounded(max_context), []),
-                                              ("stop_ids", _bounded(MAX_STOP_IDS), [])],
+                                              ("stop_ids", _bounded(MAX_STOP_IDS), []),
+                                              ("grammar", Optional[grammar], None)],
                                  bases=(Generate,), tag="generate")
     # a chain of guesses may reach past the draft limit (it covers positions the stream passes
     # while it travels), never past the context; a tree's parents, MAX_TREE_NODES (its shape is

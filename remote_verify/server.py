@@ -27,6 +27,7 @@ import signal
 import ssl
 import time
 from dataclasses import dataclass
+import functools
 from functools import partial
 from typing import Callable
 
@@ -43,6 +44,7 @@ from wire.service_proof import CHALLENGE_HEADER, MAX_CHALLENGE_CHARS, PROOF_HEAD
 from remote_verify.frames import BadFrame, FrameReader, frame_cost, hello_problems
 from remote_verify.idle import IdleClock
 from remote_verify.limits import TokenBucket
+from wire.grammar import KINDS as grammar_kinds, available as grammars_available
 from wire.limits import ServiceLimits
 from remote_verify.logs import printable, session_log
 from remote_verify.memory import give_back_free_memory, kv_memory_problem
@@ -66,7 +68,7 @@ from wire.protocol import (
     vocab_fingerprint,
 )
 from remote_verify.scheduler import BATCH_TOKENS, Bookkeeping, DeviceQueue, QueueClosed
-from remote_verify.session import Session, SessionError, SessionLimits
+from remote_verify.session import Session, SessionError, SessionLimits, grammar_vocab
 from remote_verify.server_only import ServerOnlyStream
 from remote_verify import vocab_offer
 from remote_verify.vocab_offer import VocabOffer, make_vocab_offer, offer_response
@@ -200,6 +202,8 @@ class VerifyService:
             self._claimed = backend
             fingerprint = vocab_fingerprint(backend.token_texts())
             self.queue.costs = costs_for(backend)  # the cost curve clients and streams price drafts with
+            if grammars_available():
+                grammar_vocab(backend)  # now, not on the device thread in the middle of the first such stream
             return backend, fingerprint, make_vocab_offer(backend, fingerprint)
 
         loading = asyncio.ensure_future(self.queue.run("load", load))
@@ -496,7 +500,8 @@ class VerifyService:
                 session_id=session.id, max_context=self.limits.max_context, max_draft=self.limits.max_draft,
                 vocab_size=backend.vocab_size, target=backend.name, capabilities=self._capabilities(),
                 max_frame_bytes=self.guard.max_frame_bytes, idle_timeout_s=self.guard.idle_timeout_s,
-                pass_costs=self.queue.costs.curve(), trees=bool(getattr(backend, "tree_attention", False)))))
+                pass_costs=self.queue.costs.curve(), trees=bool(getattr(backend, "tree_attention", False)),
+                grammars=self._grammars)))
         except ConnectionClosed:
             await self._close_session(session)
             return None
@@ -513,6 +518,11 @@ class VerifyService:
             await self.queue.run(session.id, session.ensure_cache)
         except (SessionError, QueueClosed) as exc:
             session_log(log, session.id).info("no KV cache yet: %s", exc)
+
+    @functools.cached_property
+    def _grammars(self) -> list[str]:
+        """The Grammar kinds a Generate may carry here: every kind, where llguidance is installed."""
+        return list(grammar_kinds) if grammars_available() else []
 
     def _capabilities(self) -> list[str]:
         capabilities = ["greedy", "sampling", "sync", "generate", "drafts"]  # drafts: Draft frames in a stream

@@ -104,7 +104,8 @@ async def stream_generation(session: Session, request: Generate, queue: DeviceQu
         await send(Generated(seq=request.seq, tokens=step.tokens, committed_len=streamed.committed_len,
                              done=bool(streamed.reason), stop_reason=streamed.reason, forward_s=step.forward_s,
                              queue_s=queued_s, accepted=step.accepted, drafted=step.drafted,
-                             pass_tokens=step.pass_tokens, pass_sessions=step.pass_sessions))
+                             pass_tokens=step.pass_tokens, pass_sessions=step.pass_sessions,
+                             logprobs=step.logprobs))
         if streamed.reason:
             return
 

@@ -15,7 +15,9 @@ last token and the client's pending guesses the pass chose to verify (remote_ver
 stream_drafts.py), keeps the guesses that equal the target's own pick and commits the
 target's token after them. The target's pick at position n is its argmax (greedy) or the
 race of its warped distribution over the session's clocks for n (wire/sampling.py), the same
-whether a guess was there or not: a stream's text is a function of the seed alone.
+whether a guess was there or not: a stream's text is a function of the seed alone. A Generate
+with a grammar masks the target's logits first (wire/grammar.py): the pick is then the
+constrained target's, and a guess is kept only where it equals that.
 
 A long feed (a prompt, the history after a Sync) is prefilled in pieces when the device queue
 asks (`Shareable.split`, remote_verify/scheduler.py): the request is checked and its appended
@@ -28,7 +30,8 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from dataclasses import dataclass
+from typing import Sequence
+from dataclasses import dataclass, field
 from functools import partial
 
 import msgspec
@@ -40,11 +43,19 @@ from remote_verify.memory import give_back_free_memory
 from remote_verify.pass_costs import PassCosts
 from remote_verify.scheduler import Planned, Shareable
 from remote_verify.stream_drafts import PassSoFar, StreamDrafts, best_block, tree_chances
+from wire import grammar as grammars
 from wire.draft_tree import GuessTree, walk
-from wire.limits import MAX_STOP_IDS
-from wire.protocol import Generate, SamplingParams, SparseDist, Sync, Synced, Verdict, Verify
+from wire.limits import MAX_STOP_IDS, MAX_TOP_LOGPROBS
+from wire.protocol import Generate, Grammar, SamplingParams, SparseDist, Sync, Synced, TokenLogprobs, Verdict, Verify
 from wire.randomness import DecisionRandomness, seed_problem
 from wire.sampling import race_choice, warp
+
+
+def grammar_vocab(backend: TargetBackend) -> grammars.GrammarVocab:
+    """The target's vocabulary as the grammar library reads it: built once per backend (1.5 s for
+    151,936 tokens), when the service loads, so that no session's first grammar waits for it."""
+    return grammars.vocab_for(f"{type(backend).__name__}:{id(backend)}", load=backend.token_texts,
+                              n_vocab=backend.vocab_size)
 
 
 @dataclass(frozen=True)
@@ -65,6 +76,7 @@ class StreamStep:
     forward_s: float
     pass_tokens: int  # tokens the whole pass ran, every member's
     pass_sessions: int
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per token, when the stream asks
 
 
 class SessionError(Exception):
@@ -94,6 +106,8 @@ class Session:
         self.cached_len = 0  # positions in the cache
         self.last_seq = 0
         self._prefill_s = 0.0  # forward seconds of the prefill pieces before the round in progress
+        self.grammar: grammars.TokenConstraint | None = None  # the running stream's, if its Generate has one
+        self.logprobs = -1  # the running stream's: -1 none, else each token's and this many of the most likely
 
     def verify(self, request: Verify) -> Verdict:
         """Verify one block in a pass of its own."""
@@ -200,6 +214,9 @@ class Session:
         self._check_committed(request.committed_len)
         if request.max_tokens < 1:
             raise SessionError("bad_request", f"max_tokens must be at least 1, got {request.max_tokens}")
+        if not -1 <= request.logprobs <= MAX_TOP_LOGPROBS:
+            raise SessionError("bad_request",
+                               f"logprobs must be -1 (none) to {MAX_TOP_LOGPROBS}, got {request.logprobs}")
         if len(request.stop_ids) > MAX_STOP_IDS:
             raise SessionError("bad_request", f"{len(request.stop_ids)} stop_ids: send at most {MAX_STOP_IDS}")
         history = len(self.committed) + len(request.append)
@@ -210,8 +227,31 @@ class Session:
                                                f"of {self.limits.max_context}")
         self.check_tokens(request.append, "append")
         self.check_tokens(request.stop_ids, "stop_ids")
+        constraint = self._constraint(request.grammar, self.committed + list(request.append), request.stop_ids)
         self.committed += list(request.append)
         self.last_seq = request.seq
+        self.grammar = constraint
+        self.logprobs = request.logprobs
+
+    def _constraint(self, grammar: Grammar | None, history: list[int], stop_ids: list[int]):
+        """The compiled grammar of a Generate, following what it constrained already (a resumed
+        stream); SessionError bad_grammar when it cannot apply."""
+        if grammar is None:
+            return None
+        if not grammars.available():
+            raise SessionError("bad_grammar", "this service cannot apply grammars (llguidance is not installed)")
+        if not stop_ids:
+            raise SessionError("bad_grammar", "a grammar needs stop_ids: the tokens that may end its value")
+        if grammar.start > len(history):
+            raise SessionError("bad_grammar", f"the grammar starts at position {grammar.start}, after the "
+                                              f"history's end ({len(history)})")
+        try:
+            constraint = grammars.TokenConstraint(grammar, grammar_vocab(self.backend), stop_ids)
+        except grammars.GrammarError as exc:
+            raise SessionError("bad_grammar", str(exc)) from exc
+        if not constraint.follow(history[grammar.start:]):
+            raise SessionError("bad_grammar", f"the tokens made since position {grammar.start} break the grammar")
+        return constraint
 
     def generate_step(self) -> tuple[int, float, float]:
         """One token by the target alone, in a pass of its own; returns (token, when the step
@@ -282,7 +322,8 @@ class Session:
         def finish(result: np.ndarray, forward_s: float) -> StreamStep:
             # result: (b + 1,) argmax ids (greedy) or (b + 1, V) logits; row 0 scores `position`
             # (after the last committed token), row i + 1 the position after guess i, at its depth
-            path, token = walk(block, lambda row, depth: self._target_pick(result, position, row, depth))
+            path, token = walk(block, lambda row, depth: self._target_pick(
+                result, position, row, depth, block.tokens_to(row - 1)))
             kept = block.path_tokens(path)
             accepted = len(kept)
             ends = [i for i, each in enumerate(kept) if each in stop_ids]
@@ -292,6 +333,10 @@ class Session:
                 made = kept + [token]
             if tree is not None:  # the pass cached every node: keep the history and the kept path, in order
                 self.backend.keep_path(self.cache, position, path)
+            # the i-th token made was scored by the row of the node before it (row 0: the history's)
+            rows = [0] + [node + 1 for node in path]
+            logprobs = [self._logprobs(result, rows[i], made[:i], each) for i, each in enumerate(made)] \
+                if self.logprobs >= 0 else []
             self.committed += made
             self.cached_len = len(self.committed) - 1
             self.backend.truncate(self.cache, self.cached_len)
@@ -302,19 +347,48 @@ class Session:
                     drafts.after_tree_pass(position, accepted, bool(block.children(path[-1] if path else -1)))
             forward_s, self._prefill_s = forward_s + self._prefill_s, 0.0  # its prefill pieces count as its pass
             return StreamStep(made, min(accepted, len(made)), len(block), source if block.tokens else "", started,
-                              forward_s, so_far.tokens, so_far.sessions)
+                              forward_s, so_far.tokens, so_far.sessions, logprobs)
 
-        return Planned(Pass(self.cache, unrun + block.tokens, len(block) + 1, argmax_only=self.sampling.greedy,
-                            tree=tree), finish, self._undo, expected)
+        # a grammar masks logits, and log probabilities read them: a greedy pass then returns them, not its argmax
+        argmax_only = self.sampling.greedy and self.grammar is None and self.logprobs < 0
+        return Planned(Pass(self.cache, unrun + block.tokens, len(block) + 1, argmax_only=argmax_only, tree=tree),
+                       finish, self._undo, expected)
 
-    def _target_pick(self, result: np.ndarray, position: int, row: int, depth: int) -> int:
+    def _row_logits(self, result: np.ndarray, row: int, before: list[int]) -> np.ndarray:
+        """The target's logits (V,) of the pass's row `row`, which continues the committed history by
+        `before`, masked by the stream's grammar if it has one."""
+        if self.grammar is None:
+            return result[row]
+        made = self.committed + list(before)  # the committed history ends at `position`
+        if not self.grammar.follow(made[self.grammar.grammar.start:]):
+            raise RuntimeError("the stream left its grammar")  # only masked picks are committed
+        return self.grammar.mask(result[row])
+
+    def _logprobs(self, result: np.ndarray, row: int, before: list[int], token: int) -> TokenLogprobs:
+        """The target's log-softmax at the pass's row `row` (after the history and `before`): of
+        `token`, and of the most likely tokens there."""
+        logits = self._row_logits(result, row, before).astype(np.float64)
+        logprobs = logits - (logits.max() + np.log(np.exp(logits - logits.max()).sum()))  # (V,)
+        n = min(self.logprobs, logprobs.shape[0])
+        top = np.argpartition(-logprobs, n - 1)[:n] if n else np.zeros(0, dtype=np.int64)  # not a sort of all V
+        top = top[np.isfinite(logprobs[top])]  # a token the grammar refuses is not a candidate
+        top = top[np.lexsort((top, -logprobs[top]))]  # most likely first; equal ones in ascending id
+        return TokenLogprobs(float(logprobs[token]), top.tolist(), logprobs[top].tolist())
+
+    def _target_pick(self, result: np.ndarray, position: int, row: int, depth: int,
+                     before: Sequence[int] = ()) -> int:
         """The target's token at position + depth, from the pass's row `row` (a chain's rows are its
-        depths; a tree's are its nodes): its argmax, or the race of its warped distribution over this
-        session's clocks for that absolute position (never the depth alone: a tree's nodes at one depth
-        share the clocks of their position, and so does a pass with no guesses)."""
-        if self.sampling.greedy:
+        depths; a tree's are its nodes), which continues the committed history by `before` (depth
+        tokens): its argmax, or the race of its warped distribution over this session's clocks for
+        that absolute position (never the depth alone: a tree's nodes at one depth share the clocks
+        of their position, and so does a pass with no guesses); under a grammar, of its logits with
+        every token the grammar refuses masked out, before anything else."""
+        if self.sampling.greedy and result.ndim == 1:  # the pass returned its argmax ids
             return int(result[row])
-        probs = warp(result[row], self.sampling)
+        logits = self._row_logits(result, row, list(before))
+        if self.sampling.greedy:
+            return int(np.argmax(logits))
+        probs = warp(logits, self.sampling)
         return race_choice(probs, self.randomness.race(position + depth, probs.shape[0]))
 
     def sync(self, request: Sync) -> Synced:

@@ -148,6 +148,17 @@ class GuessTree:
     def path_tokens(self, path: Sequence[int]) -> list[int]:
         return [self.tokens[node] for node in path]
 
+    def tokens_to(self, node: int) -> list[int]:
+        """The tokens from ROOT down to `node`, itself included (none for ROOT): the text that the
+        pass row after `node` continues."""
+        if self.is_chain:
+            return self.tokens[:node + 1]
+        tokens = []
+        while node != ROOT:
+            tokens.append(self.tokens[node])
+            node = self.parents[node]
+        return tokens[::-1]
+
 
 def walk(tree: GuessTree, pick: Callable[[int, int], int]) -> tuple[list[int], int]:
     """The nodes the target keeps, from the root down, and its own token after the last of them.

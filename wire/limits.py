@@ -80,3 +80,5 @@ MAX_DRAFT_SOURCE_CHARS = 16  # a Verify's draft_source names a drafter ("model",
 MAX_TREE_NODES = 256
 MAX_TREE_DEPTH = 64
 MAX_TREE_WIDTH = 16  # children of one node: a drafter branches where it is unsure among a few tokens
+MAX_TOP_LOGPROBS = 20  # most likely tokens a Generated reports beside each token (OpenAI's top_logprobs limit)
+MAX_GRAMMAR_BYTES = 64 * 1024  # a Generate's JSON schema: OpenAI caps a strict schema at a few thousand properties

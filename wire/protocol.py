@@ -132,6 +132,20 @@ class Sync(msgspec.Struct, tag="sync"):
     seed: int | None = None
 
 
+class Grammar(msgspec.Struct, frozen=True):
+    """A constraint on the tokens a generation may make (wire/grammar.py compiles it).
+
+    `kind` "json_schema": the output is one JSON value valid under `schema` (JSON text);
+    "json_object": any JSON object (`schema` unused). The tokens from absolute position
+    `start` on are constrained: a stream resumed after a lost connection says where the
+    constrained reply began, and the tokens already made since are checked against it.
+    """
+
+    kind: str
+    schema: str = ""
+    start: int = 0
+
+
 class Generate(msgspec.Struct, tag="generate"):
     """Server-only decoding: extend the history by `append`, then let the target continue alone.
 
@@ -145,6 +159,12 @@ class Generate(msgspec.Struct, tag="generate"):
     append: list[int] = []
     max_tokens: int = 128
     stop_ids: list[int] = []
+    # None: the target's own distribution; else only tokens the grammar allows (a stop token
+    # once the grammar's value is complete), applied to the target's logits before anything
+    # else, so the stream is the constrained target's whatever was guessed
+    grammar: Grammar | None = None
+    # -1: no log probabilities; n >= 0: each Generated token's, and the n most likely (MAX_TOP_LOGPROBS)
+    logprobs: int = -1
 
 
 class Draft(msgspec.Struct, tag="draft"):
@@ -211,6 +231,7 @@ class Welcome(msgspec.Struct, tag="welcome"):
     idle_timeout_s: float = 0.0  # a session silent this long, both ways, is closed (0: not stated)
     pass_costs: list[PassCost] = []  # the device's cost curve c(n), a few sizes (empty: not stated)
     trees: bool = False  # a Draft's tree is verified with tree attention (false: its first-choice path only)
+    grammars: list[str] = []  # the Grammar kinds a Generate may carry (empty: none; an older service)
 
 
 class Verdict(msgspec.Struct, tag="verdict"):
@@ -244,6 +265,15 @@ class Error(msgspec.Struct, tag="error"):
     retry_after_s: float = 0.0  # > 0: the request was not run; send it again after this long
 
 
+class TokenLogprobs(msgspec.Struct, array_like=True):
+    """The target's log probability of a committed token, and of the most likely tokens there:
+    the log-softmax of its logits (after a grammar's mask; before temperature, top-k and top-p)."""
+
+    logprob: float
+    top_ids: list[int] = []
+    top_logprobs: list[float] = []
+
+
 class Generated(msgspec.Struct, tag="generated"):
     """Tokens of a streamed generation, one frame per forward pass; `done` marks the last frame."""
 
@@ -258,6 +288,7 @@ class Generated(msgspec.Struct, tag="generated"):
     drafted: int = 0  # draft tokens the pass verified (accepted or not)
     pass_tokens: int = 0  # tokens the whole pass ran, every session's (0: not stated)
     pass_sessions: int = 0  # sessions that shared the pass (0: not stated)
+    logprobs: list[TokenLogprobs] = []  # one per token, when the Generate asked (whoever guessed the token)
 
 
 ServerMessage = Union[Welcome, Verdict, Synced, Error, Generated]

@@ -28,12 +28,13 @@ from app.chat.service_connection import ServiceConnection
 from app.chat.state import Connection, StartupProblem
 from app.tokenizer_source import open_tokenizer
 from app.user_error import UserError
-from local_draft.chat_template import ChatTemplateError, template_for
+from local_draft.chat_template import ChatTemplateError, Message, template_for
 from local_draft.controller_memory import ControllerMemory
 from local_draft.draft_model import DraftModel, DraftModelError
 from local_draft.service_link import LinkState, OnState, ServiceLink
 from local_draft.verify_client import ServiceUnreachable, VerifyError
-from wire.protocol import SamplingParams
+from wire import grammar as grammars
+from wire.protocol import Grammar, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,7 @@ class ApiEngine:
         """The request's prompt as tokens, and its token budget; ApiError (400) when it cannot fit."""
         if request.kind == "chat":
             try:
-                text = self.template.render(list(request.messages))
+                text = self._render(request)
             except ChatTemplateError as exc:
                 raise bad_request(str(exc), "messages") from exc
             prompt = PromptTokens(self.tokenizer, self.template).of(text)  # the chat's rule for BOS
@@ -153,6 +154,8 @@ class ApiEngine:
             vocab = self.tokenizer.vocab_size
             if not all(0 <= token < vocab for token in prompt):
                 raise bad_request(f"`prompt` holds token ids outside the vocabulary (0 to {vocab - 1})", "prompt")
+        if request.grammar is not None:
+            self._check_grammar(request.grammar)
         limit = self.context_limit
         if len(prompt) >= limit:
             raise bad_request(f"This model's context is {limit:,} tokens, and the prompt alone takes "
@@ -160,6 +163,30 @@ class ApiEngine:
                               "messages" if request.kind == "chat" else "prompt", "context_length_exceeded")
         room = limit - len(prompt)
         return Job(request, prompt, min(request.max_tokens or room, room), received_at)
+
+    def _render(self, request: CompletionRequest) -> str:
+        """The chat's prompt text, with the request's tools shown to the model (app/api/tool_calls.py)."""
+        messages, tools = list(request.messages), request.tools
+        if tools is None:
+            return self.template.render(messages)
+        if self.template.takes_tools:
+            return self.template.render(messages, tools=list(tools.functions))
+        if messages and messages[0].role == "system":  # the tools follow the request's own system text
+            first = messages[0]
+            messages[0] = Message("system", first.content + "\n\n" + tools.system_text())
+        else:
+            messages.insert(0, Message("system", tools.system_text()))
+        return self.template.render(messages)
+
+    def _check_grammar(self, grammar: Grammar) -> None:
+        """A 400 now for a schema the grammar compiler refuses, not an error from the service later."""
+        tokenizer = self.tokenizer
+        try:
+            vocab = grammars.vocab_for(tokenizer.vocab_fingerprint, n_vocab=tokenizer.vocab_size,
+                                       load=lambda: [tokenizer.token_text(i) for i in range(tokenizer.vocab_size)])
+            grammars.TokenConstraint(grammar, vocab, self.end_ids)
+        except grammars.GrammarError as exc:
+            raise bad_request(f"`response_format`: {exc}", "response_format") from exc
 
     def run(self, job: Job, emit: Emit, should_stop: Callable[[], bool]) -> None:
         """Generate one request on this thread, reporting its events; ends early when `should_stop`."""

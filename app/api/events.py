@@ -27,6 +27,8 @@ class Accepted:
 @dataclass(frozen=True)
 class Delta:
     text: str  # safe to send: no part of it can turn out to be part of a stop string
+    # when asked: the entries of the tokens since the last Delta (app/api/logprobs.py)
+    logprobs: list[dict] | None = None
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,9 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int
     provenance: dict = field(default_factory=dict)  # the response's `specwire` object
+    tool_calls: list[dict] = field(default_factory=list)  # the calls read from the reply (OpenAI's shape)
+    content: str | None = ""  # the message's content beside the calls (None: the reply was a call alone)
+    logprobs: list[dict] | None = None  # when asked: every token's entry (a stream sent them with its deltas)
 
 
 @dataclass(frozen=True)

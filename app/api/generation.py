@@ -18,8 +18,10 @@ import time
 from typing import Callable, Protocol
 
 from app.api.drafters import DrafterPool
-from app.api.errors import ApiError, service_error
+from app.api.errors import ApiError, bad_request, service_error
 from app.api.events import Delta, Emit, Failed, Finished, Job
+from app.api.logprobs import LogprobEntries
+from app.api.tool_calls import CallWatch
 from app.api.generator import HowToGenerate, build_generator
 from app.api.reply_text import ReplyText
 from app.api.request_body import CompletionRequest
@@ -27,6 +29,7 @@ from app.chat.settings import ChatSettings
 from local_draft.controller_memory import ControllerMemory
 from local_draft.draft_model import DraftModel
 from local_draft.generation_stats import GenerationStats
+from local_draft.stream_speculator import GrammarUnsupported
 from local_draft.service_link import ServiceLink
 from local_draft.verify_client import ServiceUnreachable, VerifyError
 
@@ -61,13 +64,19 @@ class RequestGeneration:
         self.should_stop = should_stop
         request = job.request
         self.how = HowToGenerate(request.params, request.seed, engine.models.k, engine.models.drafting,
-                                 engine.end_ids)
+                                 engine.end_ids, request.grammar, request.logprobs)
         self.text = ReplyText(engine.tokenizer.token_bytes, engine.end_ids, request.stops)
         self.notes: list[str] = []  # what happened to the request's session, for the provenance
         self.stats: list[GenerationStats] = []  # one per generator (two after an n-gram request's fallback)
         self.drafter = None
         self.link = None
         self.setup_s: float | None = None  # from the request's arrival to its generation's start
+        self.entries = LogprobEntries(engine.tokenizer.token_bytes, engine.end_ids)
+        self.logprobs: list[dict] | None = [] if request.logprobs >= 0 else None  # every entry so far
+        self._unsent_logprobs: list[dict] = []  # the entries since the last Delta
+        self._generator = None  # the generator running now (its token_logprobs)
+        tools = request.tools
+        self._watch = CallWatch() if tools is not None and tools.reads_calls and not tools.constrained else None
 
     def run(self) -> None:
         """Generate and report; every outcome is an event (none when the client went away)."""
@@ -81,19 +90,31 @@ class RequestGeneration:
             if stop_reason is None:
                 return  # the client is gone: nobody to tell
             tail = self.text.finish()
-            if tail:
-                self.emit(Delta(tail))
+            content, calls = self.text.sent, []
+            if self._reads_calls:
+                content, calls = self.job.request.tools.read(self.text.sent)
+                if self._holds_all:
+                    tail = "" if calls else content or ""
+                else:  # what was held back: the calls' text, or (no call after all) text like the rest
+                    tail = self._watch.feed(tail)
+                    tail = tail if calls else tail + self._watch.held
+            if tail or self._unsent_logprobs:
+                self.emit(Delta(tail, self._take_logprobs()))
             self.engine.pool.give_back(self.drafter)
             self.drafter = None
             reason = "stop" if self.text.stopped_at_string else FINISH_REASONS[stop_reason]
+            reason = "tool_calls" if calls else reason
             unverified = self.text.count("offline")
             if unverified:
                 log.warning("a reply of %d tokens holds %d unverified ones (made offline), marked as such",
                             len(self.text.token_ids), unverified)
             self.emit(Finished(self.text.sent, reason, len(self.job.prompt), len(self.text.token_ids),
-                               self._provenance(mode)))
+                               self._provenance(mode), calls, content, self.logprobs))
         except ApiError as exc:
             self.emit(Failed(exc))
+        except GrammarUnsupported as exc:
+            self.emit(Failed(bad_request(f"`response_format` cannot be applied: {exc}", "response_format",
+                                         "unsupported_parameter")))
         except ServiceUnreachable as exc:
             self.emit(Failed(ApiError(503, f"{exc}: the reply stops here", code="service_unavailable",
                                       kind="server_error")))
@@ -112,7 +133,7 @@ class RequestGeneration:
         """(the last mode, the generation's stop reason); None when the client went away first."""
         mode = "offline" if self.link is None else ("hybrid" if self.drafter is not None else "ngram")
         while True:
-            generator = build_generator(mode, self.drafter, self.link, self.how)
+            generator = self._generator = build_generator(mode, self.drafter, self.link, self.how)
             # adaptive k starts from the state saved for this service and drafter (a generator with one)
             controller = getattr(generator, "controller", None)
             memory = self.engine.adaptive_memory(self.link, self.drafter) if controller is not None else None
@@ -148,9 +169,35 @@ class RequestGeneration:
         return self.drafter is not None
 
     def _on_commit(self, tokens: list[int], provenance: list[str]) -> None:
+        before = len(self.text.token_ids)
         piece = self.text.add(tokens, provenance)
-        if piece:
-            self.emit(Delta(piece))
+        if self._watch is not None:  # tool_choice auto: what may be a call is held
+            piece = self._watch.feed(piece)
+        if self.logprobs is not None:  # the generator took this round's before telling: the last len(tokens)
+            taken = len(self.text.token_ids) - before  # none after a stop
+            given = self._generator.token_logprobs[-len(tokens):][:taken]
+            entries = self.entries.of(tokens[:taken], given)
+            self.logprobs += entries
+            self._unsent_logprobs += entries
+        if piece and not self._holds_all:
+            self.emit(Delta(piece, self._take_logprobs()))
+
+    def _take_logprobs(self) -> list[dict] | None:
+        if self.logprobs is None:
+            return None
+        taken, self._unsent_logprobs = self._unsent_logprobs, []
+        return taken
+
+    @property
+    def _reads_calls(self) -> bool:
+        tools = self.job.request.tools
+        return tools is not None and tools.reads_calls
+
+    @property
+    def _holds_all(self) -> bool:
+        """A forced call: the reply is the call's JSON, read at its end; nothing of it goes out as text."""
+        tools = self.job.request.tools
+        return tools is not None and tools.constrained
 
     def _provenance(self, mode: str) -> dict:
         stats, text = self.stats, self.text

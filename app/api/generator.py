@@ -19,7 +19,7 @@ from local_draft.draft_model import DraftModel
 from local_draft.generation_stats import Generation, GenerationStats
 from local_draft.service_link import ServiceLink
 from local_draft.stream_speculator import StreamSpeculator
-from wire.protocol import SamplingParams
+from wire.protocol import Grammar, SamplingParams
 
 # With no draft model (n-gram), how long a request waits for a lost service to come back, before it
 # waits for a drafter to go on offline (app/api/generation.py); the chat, which has no such way on, waits 30 s.
@@ -36,6 +36,8 @@ class HowToGenerate:
     k: int | None  # guesses kept ahead of the stream; None: while drafting pays; 0: none
     drafting: str  # with a drafter: "model", or "mixed" (n-gram drafts where they pay)
     end_ids: frozenset[int]
+    grammar: Grammar | None = None  # response_format's: every token of the reply is constrained by it
+    logprobs: int = -1  # -1: none; n: the target's log probability of each token and its n most likely
 
 
 class Generator(Protocol):
@@ -52,6 +54,8 @@ def build_generator(mode: str, drafter: DraftModel | None, link: ServiceLink | N
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if mode == "ngram":
         return StreamSpeculator(None, link, how.params, seed=how.seed, max_block=how.k, drafting="ngram",
-                                end_ids=how.end_ids, resume_within_s=NO_MODEL_RESUME_S)
+                                end_ids=how.end_ids, resume_within_s=NO_MODEL_RESUME_S, grammar=how.grammar,
+                                logprobs=how.logprobs)
     return StreamSpeculator(drafter, link if mode == "hybrid" else None, how.params, seed=how.seed,
-                            max_block=how.k, drafting=how.drafting, end_ids=how.end_ids)
+                            max_block=how.k, drafting=how.drafting, end_ids=how.end_ids, grammar=how.grammar,
+                            logprobs=how.logprobs)

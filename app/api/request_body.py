@@ -2,11 +2,12 @@
 
 Every field a request may carry is in one of three tables, which docs/openai-api.md
 mirrors:
-- supported: read and applied (`messages`, `prompt`, `max_tokens`, `temperature`, ...);
+- supported: read and applied (`messages`, `prompt`, `max_tokens`, `temperature`,
+  `response_format`, `tools`, `logprobs`, ...);
 - refused unless neutral: a field that would change the output in a way this endpoint
-  cannot (tools, `n` > 1, logprobs, penalties, images, ...) is a 400 naming it, so that
+  cannot (`n` > 1, penalties, images, the legacy `functions`, ...) is a 400 naming it, so that
   no client gets text made as if it had been applied; sent with its neutral value
-  (`tools: []`, `n: 1`, `logprobs: false`, `frequency_penalty: 0`) it is accepted;
+  (`n: 1`, `frequency_penalty: 0`, `logit_bias: {}`) it is accepted;
 - ignored: bookkeeping that cannot change the output (`user`, `metadata`, `store`, ...).
 A field in none of them is ignored too, and named in the response's `specwire.ignored`
 and the log: not silently.
@@ -14,20 +15,28 @@ and the log: not silently.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from app.api.errors import bad_request
+from app.api.tool_calls import Tools, parse_tools
 from local_draft.chat_template import Message
-from wire.protocol import SamplingParams
+from wire.grammar import grammar_problems
+from wire.limits import MAX_TOP_LOGPROBS
+from wire.protocol import Grammar, SamplingParams
 from wire.randomness import seed_problem
 
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default: a request that sends none samples
 MAX_OPENAI_TEMPERATURE = 2.0  # OpenAI's range is 0 to 2
 MAX_STOPS = 64  # OpenAI takes 4; editors send more for code completion
 
-COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options", "n"}
-SUPPORTED = {"chat": COMMON | {"messages", "max_completion_tokens"}, "text": COMMON | {"prompt"}}
+COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options", "n",
+          "logprobs"}
+SUPPORTED = {"chat": COMMON | {"messages", "max_completion_tokens", "response_format", "tools", "tool_choice",
+                               "top_logprobs"},
+             "text": COMMON | {"prompt"}}
+MAX_TEXT_LOGPROBS = 5  # /v1/completions' `logprobs` (OpenAI's legacy limit); chat's top_logprobs: MAX_TOP_LOGPROBS
 
 
 def _absent_or(*neutral) -> Callable[[Any], bool]:
@@ -35,8 +44,7 @@ def _absent_or(*neutral) -> Callable[[Any], bool]:
 
 
 UNPENALIZED = "the output is the target's own distribution, unpenalized: leave it out or send "
-NO_TOOLS = "there is no function calling here: "
-NO_LOGPROBS = "no log probabilities are returned here: leave it out"
+NO_TOOLS = "the legacy functions API is not served: "
 CONSTRAINED = "there is no constrained output here"
 TRUNCATIONS = "top_p and top_k are the truncations offered"
 TEXT_MODEL = "this endpoint serves a text model"
@@ -62,14 +70,8 @@ _COMMON_REFUSED = {
 REFUSED = {
     "chat": {
         **_COMMON_REFUSED,
-        "tools": (_absent_or([]), NO_TOOLS + "send the request without it"),
-        "tool_choice": (_absent_or("none", "auto"), NO_TOOLS + "leave it out (or send \"none\")"),
-        "functions": (_absent_or([]), NO_TOOLS + "send the request without it"),
-        "function_call": (_absent_or("none", "auto"), NO_TOOLS + "leave it out"),
-        "logprobs": (_absent_or(False), NO_LOGPROBS + " or send false"),
-        "top_logprobs": (_absent_or(0), NO_LOGPROBS),
-        "response_format": (lambda value: value is None or value == {"type": "text"},
-                            "there is no JSON mode or schema here: leave it out or send {\"type\": \"text\"}"),
+        "functions": (_absent_or([]), NO_TOOLS + "send `tools` instead"),
+        "function_call": (_absent_or("none", "auto"), NO_TOOLS + "send `tool_choice` instead"),
         "audio": (_absent_or(), TEXT_MODEL),
         "modalities": (_absent_or(["text"]), TEXT_MODEL + ": leave it out or send [\"text\"]"),
         "prediction": (_absent_or(), "there are no predicted outputs here"),
@@ -78,7 +80,6 @@ REFUSED = {
     },
     "text": {
         **_COMMON_REFUSED,
-        "logprobs": (_absent_or(), NO_LOGPROBS),
         "echo": (_absent_or(False), "the response holds the completion alone: leave it out or send false"),
         "suffix": (_absent_or(""), "there is no insertion (fill in the middle) here"),
     },
@@ -87,11 +88,12 @@ REFUSED = {
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "safety_identifier",
            "prompt_cache_key", "verbosity"}
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-MESSAGE_FIELDS = {"role", "content"}  # others (`name`: chat templates have no place for it) are ignored
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+# others (`name`: chat templates have no place for it) are ignored
+MESSAGE_FIELDS = {"role", "content", "tool_calls", "tool_call_id"}
 MESSAGE_REFUSED = {
-    "tool_calls": "assistant messages with tool_calls are not supported (no function calling)",
-    "function_call": "assistant messages with function_call are not supported (no function calling)",
+    "function_call": "assistant messages with function_call (the legacy functions API) are not supported: "
+                     "send tool_calls",
     "audio": "audio is not supported: " + TEXT_MODEL,
 }
 
@@ -111,6 +113,9 @@ class CompletionRequest:
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage
     ignored: tuple[str, ...] = ()  # fields received and ignored: named in the response
+    grammar: Grammar | None = None  # response_format json_object / json_schema: the reply is constrained to it
+    tools: Tools | None = None  # the functions the model may call, and tool_choice
+    logprobs: int = -1  # -1: none; n: each token's log probability (the target's) and its n most likely
 
 
 def parse_request(kind: str, body: Any) -> CompletionRequest:
@@ -137,8 +142,16 @@ def parse_request(kind: str, body: Any) -> CompletionRequest:
                   stops=_stops(body), stream=stream, include_usage=include_usage)
     if kind == "chat":
         messages, message_ignored = _messages(body)
-        return CompletionRequest(messages=messages, ignored=ignored + message_ignored, **common)
-    return CompletionRequest(prompt=_prompt(body), ignored=ignored, **common)
+        tools = parse_tools(body)
+        grammar = _response_format(body.get("response_format"))
+        if tools is not None and tools.constrained:
+            if grammar is not None:
+                raise bad_request("`response_format` and a `tool_choice` that forces a call both constrain the "
+                                  "reply: send one of them", "response_format", "unsupported_parameter")
+            grammar = tools.grammar()
+        return CompletionRequest(messages=messages, ignored=ignored + message_ignored, grammar=grammar, tools=tools,
+                                 logprobs=_chat_logprobs(body), **common)
+    return CompletionRequest(prompt=_prompt(body), ignored=ignored, logprobs=_text_logprobs(body), **common)
 
 
 # ---- fields -------------------------------------------------------------------------
@@ -211,6 +224,46 @@ def _stops(body: dict) -> tuple[str, ...]:
     return tuple(stops)
 
 
+def _chat_logprobs(body: dict) -> int:
+    """Chat: `logprobs` true asks for each token's; `top_logprobs` (0 to 20, needs it) for the most likely."""
+    asked = _bool(body, "logprobs")
+    top = _number(body, "top_logprobs", whole=True)
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise bad_request(f"`top_logprobs` must be 0 to {MAX_TOP_LOGPROBS}, got {top}", "top_logprobs")
+    if top and not asked:
+        raise bad_request("`top_logprobs` needs `logprobs: true`", "top_logprobs")
+    return (top or 0) if asked else -1
+
+
+def _text_logprobs(body: dict) -> int:
+    """Completions: `logprobs` n (0 to 5) asks for each token's and the n most likely."""
+    n = _number(body, "logprobs", whole=True)
+    if n is not None and not 0 <= n <= MAX_TEXT_LOGPROBS:
+        raise bad_request(f"`logprobs` must be 0 to {MAX_TEXT_LOGPROBS}, got {n}", "logprobs")
+    return -1 if n is None else n
+
+
+def _response_format(value: Any) -> Grammar | None:
+    """The grammar a `response_format` asks for: none for text, any JSON object, or a JSON schema
+    (applied whole, strict or not: every reply token is masked by it)."""
+    field = "response_format"
+    kind = value.get("type") if isinstance(value, dict) else None
+    if value is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return Grammar("json_object")
+    if kind != "json_schema":
+        raise bad_request(f"`{field}.type` must be text, json_object or json_schema, got {kind!r}", f"{field}.type")
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+        raise bad_request(f"`{field}.json_schema` must be an object with a `schema` object (and a `name`)",
+                          f"{field}.json_schema")
+    grammar = Grammar("json_schema", json.dumps(spec.get("schema", {}), separators=(",", ":")))
+    for problem in grammar_problems(grammar):
+        raise bad_request(f"`{field}.json_schema.schema`: {problem}", f"{field}.json_schema.schema")
+    return grammar
+
+
 def _messages(body: dict) -> tuple[tuple[Message, ...], tuple[str, ...]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -225,11 +278,20 @@ def _messages(body: dict) -> tuple[tuple[Message, ...], tuple[str, ...]]:
                 raise bad_request(f"`{where}.{name}`: {why}", f"{where}.{name}", "unsupported_parameter")
         role = message.get("role")
         if role not in ROLES:
-            hint = " (tool results need function calling, which is not supported)" if role in ("tool", "function") \
-                else ""
-            raise bad_request(f"`{where}.role` must be one of system, developer, user, assistant; got {role!r}{hint}",
-                              f"{where}.role")
-        checked.append(Message(ROLES[role], _content(message.get("content"), role, where)))
+            hint = " (the legacy functions API is not served: send role tool)" if role == "function" else ""
+            raise bad_request(f"`{where}.role` must be one of system, developer, user, assistant, tool; "
+                              f"got {role!r}{hint}", f"{where}.role")
+        calls = message.get("tool_calls") or []
+        if role == "assistant" and calls:
+            if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function"), dict)
+                                                      and isinstance(c["function"].get("name"), str) for c in calls):
+                raise bad_request(f"`{where}.tool_calls` must be a list of {{\"type\": \"function\", \"function\": "
+                                  "{\"name\": ..., \"arguments\": ...}} objects", f"{where}.tool_calls")
+        call_id = message.get("tool_call_id") or ""
+        if not isinstance(call_id, str):
+            raise bad_request(f"`{where}.tool_call_id` must be a string", f"{where}.tool_call_id")
+        checked.append(Message(ROLES[role], _content(message.get("content"), role, where),
+                               tuple(calls) if role == "assistant" else (), call_id if role == "tool" else ""))
         ignored += [f"{where}.{name}" for name in message if name not in MESSAGE_FIELDS and name not in MESSAGE_REFUSED]
     return tuple(checked), tuple(ignored)
 

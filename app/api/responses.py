@@ -14,6 +14,7 @@ import time
 import uuid
 
 from app.api.events import Finished
+from app.api.logprobs import choice_logprobs
 
 
 def usage(finished: Finished) -> dict:
@@ -37,6 +38,7 @@ class ResponseShape:
         self.model = model
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
+        self._offset = 0  # a text completion's text_offset at the next streamed token
 
     def _envelope(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -45,28 +47,46 @@ class ResponseShape:
 
     def complete(self, finished: Finished) -> dict:
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": finished.text}, "logprobs": None,
+            message = {"role": "assistant", "content": finished.text}
+            if finished.tool_calls:
+                message = {"role": "assistant", "content": finished.content, "tool_calls": finished.tool_calls}
+            choice = {"index": 0, "message": message, "logprobs": self._logprobs(finished.logprobs, whole=True),
                       "finish_reason": finished.finish_reason}
             body = self._envelope("chat.completion")
         else:
-            choice = {"index": 0, "text": finished.text, "logprobs": None, "finish_reason": finished.finish_reason}
+            choice = {"index": 0, "text": finished.text, "logprobs": self._logprobs(finished.logprobs, whole=True),
+                      "finish_reason": finished.finish_reason}
             body = self._envelope("text_completion")
         return {**body, "choices": [choice], "usage": usage(finished), "specwire": finished.provenance}
 
     # ---- streams --------------------------------------------------------------------
 
+    def _logprobs(self, entries: list[dict] | None, whole: bool = False) -> dict | None:
+        if entries is None:
+            return None
+        field, self._offset = choice_logprobs(self.kind, entries, 0 if whole else self._offset)
+        return field
+
     def chunk(self, text: str | None = None, finish_reason: str | None = None, first: bool = False,
-              include_usage: bool = False) -> dict:
+              include_usage: bool = False, logprobs: list[dict] | None = None) -> dict:
         if self.kind == "chat":
             delta = {"role": "assistant", "content": ""} if first else ({} if text is None else {"content": text})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "delta": delta, "logprobs": self._logprobs(logprobs), "finish_reason": finish_reason}
             body = self._envelope("chat.completion.chunk")
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "text": text or "", "logprobs": self._logprobs(logprobs),
+                      "finish_reason": finish_reason}
             body = self._envelope("text_completion")
         body["choices"] = [choice]
         if include_usage:
             body["usage"] = None  # as OpenAI: null on every chunk but the last
+        return body
+
+    def tool_calls_chunk(self, finished: Finished, include_usage: bool) -> dict:
+        """The reply's calls, whole, in one delta (they are read from the whole reply)."""
+        body = self.chunk(include_usage=include_usage)
+        calls = [{"index": i, **call} for i, call in enumerate(finished.tool_calls)]
+        body["choices"][0]["delta"] = {"tool_calls": calls}
         return body
 
     def last_chunk(self, finished: Finished, include_usage: bool) -> dict:

@@ -105,8 +105,10 @@ class Routes:
                 yield sse(shape.chunk(first=True, include_usage=usage))
             async for event in run.events():
                 if isinstance(event, Delta):
-                    yield sse(shape.chunk(event.text, include_usage=usage))
+                    yield sse(shape.chunk(event.text, include_usage=usage, logprobs=event.logprobs))
                 elif isinstance(event, Finished):
+                    if event.tool_calls:
+                        yield sse(shape.tool_calls_chunk(event, usage))
                     yield sse(shape.last_chunk(event, usage))
                     if usage:
                         yield sse(shape.usage_chunk(event))

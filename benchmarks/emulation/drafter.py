@@ -70,6 +70,9 @@ class EmulatedDraft:
     def token_bytes(self, token_id: int) -> bytes:
         return self.model.token_bytes(token_id)
 
+    def token_text(self, token_id: int) -> bytes:
+        return self.model.token_text(token_id)
+
     # ---- reading ------------------------------------------------------------------------
 
     @property
@@ -109,12 +112,15 @@ class EmulatedDraft:
 
     # ---- guessing -----------------------------------------------------------------------
 
-    def guess(self, context: Sequence[int], params: SamplingParams, clocks: np.ndarray | None) -> int:
+    def guess(self, context: Sequence[int], params: SamplingParams, clocks: np.ndarray | None,
+              allowed: np.ndarray | None = None) -> int:
         self._check_room(context, 1)
         began = time.perf_counter()
         lag = self.lag(context)
+        if allowed is not None and self.recording is not None:
+            raise ReplayError("a recording holds the unconstrained path: a grammar needs a real draft model")
         if self.recording is None:
-            token = self.model.guess(context, params, clocks)
+            token = self.model.guess(context, params, clocks, allowed)
             self._cached = list(context)
             self._top_up(began, self.profile.read_ms(lag))
             return token
@@ -122,12 +128,12 @@ class EmulatedDraft:
         return self._recorded_guess(context, params)
 
     def propose(self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator,
-                cap: int | None = 64, should_stop: Callable[[], bool] | None = None
-                ) -> tuple[list[int], list[SparseDist]]:
+                cap: int | None = 64, should_stop: Callable[[], bool] | None = None,
+                allowed: np.ndarray | None = None) -> tuple[list[int], list[SparseDist]]:
         self._check_room(context, k)
         if self.recording is None:
             began, lag = time.perf_counter(), self.lag(context)
-            tokens, dists = self.model.propose(context, k, params, rng, cap, should_stop)
+            tokens, dists = self.model.propose(context, k, params, rng, cap, should_stop, allowed)
             self._cached = list(context) + tokens[:-1]
             self._top_up(began, self.profile.read_ms(lag) + self.profile.token_ms * max(len(tokens) - 1, 0))
             return tokens, dists

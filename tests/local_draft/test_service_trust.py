@@ -247,3 +247,16 @@ def test_a_token_sent_in_the_clear_to_another_machine_is_warned_about(tiny, clos
         assert run.returncode == 0 and b"the bearer token goes to " + remote.encode() + b" in the clear" in run.stderr
     finally:
         fake.close()
+
+
+def test_log_probabilities_a_service_sends_are_bounded_and_their_ids_checked():
+    """Alternatives outside the vocabulary are a problem; NaN and positive figures become log probabilities."""
+    from local_draft.service_trust import frame_token_ids, with_words_escaped
+    from wire.protocol import TokenLogprobs
+
+    frame = Generated(seq=1, tokens=[5], committed_len=3,
+                      logprobs=[TokenLogprobs(float("nan"), [7, HUGE_ID], [3.0, -1.0]), TokenLogprobs(-1.0)])
+    assert token_id_problem(frame_token_ids(frame), 100) is not None
+    cleaned = with_words_escaped(frame)
+    assert len(cleaned.logprobs) == 1  # one per token at most
+    assert cleaned.logprobs[0].logprob == float("-inf") and cleaned.logprobs[0].top_logprobs == [0.0, -1.0]

@@ -88,12 +88,12 @@ def test_streamed_samples_with_guesses_follow_the_target_distribution(paced_serv
     assert detectable_shift(tally.exact, STREAM_SAMPLES) <= STREAM_POWER
 
 
-def _kept_without_comparing(self, result, position, row, depth):
+def _kept_without_comparing(self, result, position, row, depth, before=()):
     """Planted: the pick at a row that had a guess in this pass is the guess itself."""
     start, guesses = _GUESSES_OF_THE_PASS.get(id(self), (0, []))
     if start == position and row < len(guesses):
         return guesses[row]
-    return _TRUE_PICK(self, result, position, row, depth)
+    return _TRUE_PICK(self, result, position, row, depth, before)
 
 
 _TRUE_PICK = Session._target_pick
@@ -104,7 +104,7 @@ _GUESSES_OF_THE_PASS: dict = {}  # session -> (position of its pass's first gues
 def test_a_planted_verification_bug_turns_the_test_red(paced_service, close_draft, monkeypatch, bug):
     """With either bug planted in the service's verification, the same test fails."""
     if bug == "pick_from_the_next_row":
-        def planted(self, result, position, row, depth):  # a chain's pass: row == depth
+        def planted(self, result, position, row, depth, before=()):  # a chain's pass: row == depth
             return _TRUE_PICK(self, result, position, min(row + 1, len(result) - 1), min(depth + 1, len(result) - 1))
     else:
         true_plan = Session._plan_stream_pass

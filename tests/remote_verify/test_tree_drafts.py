@@ -205,7 +205,7 @@ def _walk_checking_a_child_against_its_siblings_row(tree, pick):
         node = child
 
 
-def _pick_with_clocks_keyed_by_depth(self, result, position, row, depth):
+def _pick_with_clocks_keyed_by_depth(self, result, position, row, depth, before=()):
     """Planted: the race over the clocks of the node's depth in the tree, not of its absolute position."""
     probs = warp(result[row], self.sampling)
     return race_choice(probs, self.randomness.race(depth, probs.shape[0]))

@@ -12,6 +12,7 @@ only where the drafter keeps ahead of the stream.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import urllib.request
@@ -22,6 +23,8 @@ import pytest
 
 SPECWIRE = str(Path(sys.executable).parent / "specwire")
 REPO = Path(__file__).resolve().parents[3]
+# The children run this tree's code (the `specwire` script alone would import the installed copy's)
+CHILD_ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 PASS_MS = 4.0
 PROFILE = f'name = "tests-gpu"\nkind = "target"\npass_ms = [[1, {PASS_MS}], [64, {PASS_MS * 1.1}]]\n'
 
@@ -63,7 +66,7 @@ class Endpoint:
 def start_endpoint(draft: Path, *flags: str) -> Endpoint:
     """`specwire api` on port 0 with the tiny drafter and `flags`; ready when it prints its URL."""
     process = subprocess.Popen([SPECWIRE, "api", "--port", "0", "--draft", str(draft), "--draft-threads", "1",
-                                *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=CHILD_ENV)
     line = process.stdout.readline()
     if not line.startswith("listening on http://127.0.0.1:"):
         process.kill()
@@ -105,7 +108,7 @@ def generate_reference(draft: Path, url: str, prompt: str, max_tokens: int) -> d
     """`specwire generate --mode server --json` on `prompt` against the service at `url`: the target alone."""
     done = subprocess.run([SPECWIRE, "generate", "--mode", "server", "--json", "--server", url, "--draft", str(draft),
                            "--prompt", prompt, "--max-tokens", str(max_tokens)],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env=CHILD_ENV)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 

@@ -108,15 +108,16 @@ def test_a_stop_split_across_tokens_cuts_before_it_streamed_or_not(endpoint, cha
 
 
 def test_refusals_come_in_openais_error_shape_naming_the_field(endpoint):
-    """Tools, n > 1, an image part and a tool message are 400s naming the field; an unknown model is a 404."""
+    """Legacy functions, n > 1, a penalty, an image part and a function message are 400s naming the field; an
+    unknown model is a 404."""
     api = client(endpoint)
     cases = {
-        "tools": dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+        "functions": dict(functions=[{"name": "f", "parameters": {}}]),
         "n": dict(n=2),
-        "logprobs": dict(logprobs=True),
+        "frequency_penalty": dict(frequency_penalty=0.5),
         "messages[0].content[1]": dict(messages=[{"role": "user", "content": [
             {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]),
-        "messages[1].role": dict(messages=[*QUICKSORT, {"role": "tool", "content": "42", "tool_call_id": "a"}]),
+        "messages[1].role": dict(messages=[*QUICKSORT, {"role": "function", "content": "42", "name": "f"}]),
     }
     for field, extra in cases.items():
         with pytest.raises(openai.BadRequestError) as refused:

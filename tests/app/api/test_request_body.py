@@ -44,7 +44,7 @@ def test_each_refused_field_is_a_400_naming_it_and_its_neutral_value_passes(kind
     base = CHAT if kind == "chat" else {"model": "specwire", "prompt": "x"}
     changing = {"tools": [{"type": "function"}], "tool_choice": "required", "functions": [{"name": "f"}],
                 "function_call": {"name": "f"}, "logprobs": True if kind == "chat" else 1, "top_logprobs": 2,
-                "response_format": {"type": "json_object"}, "audio": {"voice": "x"}, "modalities": ["audio"],
+                "audio": {"voice": "x"}, "modalities": ["audio"],
                 "prediction": {"type": "content"}, "web_search_options": {}, "reasoning_effort": "low",
                 "echo": True, "suffix": "}", "best_of": 2, "frequency_penalty": 0.5, "presence_penalty": -1,
                 "logit_bias": {"1": 5}, "min_p": 0.1, "typical_p": 0.5, "repetition_penalty": 1.1,
@@ -71,7 +71,14 @@ def test_unknown_and_bookkeeping_fields_are_ignored_by_name():
     ({"model": "specwire", "messages": [{"role": "user", "content": "x"}], "n": 2}, "n", "must be 1"),
     ({"messages": [{"role": "user", "content": "x"}]}, "model", "`model` is required"),
     ({"model": "specwire", "messages": []}, "messages", "`messages` is required"),
-    ({"model": "specwire", "messages": [{"role": "tool", "content": "4"}]}, "messages[0].role", "function calling"),
+    ({"model": "specwire", "messages": [{"role": "function", "content": "4"}]}, "messages[0].role",
+     "legacy functions API"),
+    ({**CHAT, "tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name", "letters"),
+    ({**CHAT, "tool_choice": "required"}, "tool_choice", "needs `tools`"),
+    ({**CHAT, "top_logprobs": 2}, "top_logprobs", "needs `logprobs: true`"),
+    ({**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "0 to 20"),
+    ({**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice", "one of ['f']"),
     ({"model": "specwire", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages[0].content[0]", "`image_url` parts are not supported"),
     ({"model": "specwire", "messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "1"}]}]},
@@ -98,3 +105,16 @@ def test_a_text_prompt_is_one_string_or_token_ids_never_a_batch():
     assert "one prompt a request" in refusal("text", {"model": "m", "prompt": ["a", "b"]}).message
     assert refusal("text", {"model": "m", "prompt": ""}).param == "prompt"
     assert "messages" not in SUPPORTED["text"] and "prompt" not in SUPPORTED["chat"]
+
+
+@pytest.mark.parametrize("response_format, kind", [
+    (None, None), ({"type": "text"}, None), ({"type": "json_object"}, "json_object"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": {"type": "object"}}},
+     "json_schema"),
+])
+def test_response_format_becomes_the_requests_grammar(response_format, kind):
+    """text or none: no grammar; json_object and json_schema: a grammar of that kind, the schema as compact JSON."""
+    request = parse_request("chat", {**CHAT, **({"response_format": response_format} if response_format else {})})
+    assert (request.grammar.kind if request.grammar else None) == kind
+    if kind == "json_schema":
+        assert request.grammar.schema == '{"type":"object"}'
