@@ -323,14 +323,11 @@ class Session:
             # result: (b + 1,) argmax ids (greedy) or (b + 1, V) logits; row 0 scores `position`
             # (after the last committed token), row i + 1 the position after guess i, at its depth
             path, token = walk(block, lambda row, depth: self._target_pick(
-                result, position, row, depth, block.tokens_to(row - 1)))
+                result, position, row, depth, block.tokens_to(row - 1)), stop_ids)
             kept = block.path_tokens(path)
             accepted = len(kept)
-            ends = [i for i, each in enumerate(kept) if each in stop_ids]
-            if ends:  # the stream ends at a kept stop token: nothing of the target's after it
-                made = kept[: ends[0] + 1]
-            else:
-                made = kept + [token]
+            # the stream ends at a kept stop token (the walk's last): nothing of the target's after it
+            made = kept if token is None else kept + [token]
             if tree is not None:  # the pass cached every node: keep the history and the kept path, in order
                 self.backend.keep_path(self.cache, position, path)
             # the i-th token made was scored by the row of the node before it (row 0: the history's)

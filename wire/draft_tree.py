@@ -160,13 +160,16 @@ class GuessTree:
         return tokens[::-1]
 
 
-def walk(tree: GuessTree, pick: Callable[[int, int], int]) -> tuple[list[int], int]:
+def walk(tree: GuessTree, pick: Callable[[int, int], int],
+         stops: frozenset[int] = frozenset()) -> tuple[list[int], int | None]:
     """The nodes the target keeps, from the root down, and its own token after the last of them.
 
     `pick(row, depth)` is the target's token after the node whose pass row is `row` (0: the
     token before the tree, i + 1: node i), which sits `depth` nodes below that token. At each
     node the target's pick is taken, and the child that guessed it is kept; none did: the walk
-    ends, and the pick is the target's own token. A chain walks as it always has: row = depth."""
+    ends, and the pick is the target's own token. A chain walks as it always has: row = depth.
+    A kept stop token ends the text: nothing is picked after it (None), as nothing may follow it
+    (a grammar has no state past its end)."""
     path, node = [], ROOT
     while True:
         token = pick(node + 1, len(path))
@@ -175,3 +178,5 @@ def walk(tree: GuessTree, pick: Callable[[int, int], int]) -> tuple[list[int], i
             return path, token
         path.append(child)
         node = child
+        if tree.tokens[child] in stops:
+            return path, None

@@ -133,13 +133,15 @@ def stream_with_trees(service: RunningService, prompt: list[int], expected: list
 
 
 @pytest.fixture(scope="module")
-def emulated_torch(torch_target):
-    """The tiny torch target on the emulated device: passes of TREE_PASS_MS, for 1 node or 64."""
+def emulated_torch(tiny):
+    """The tiny torch target on the emulated device: passes of TREE_PASS_MS, for 1 node or 64. A
+    target of its own: `torch_target` is served by `service_on("torch")`."""
     from benchmarks.emulation.profiles import TargetProfile
     from benchmarks.emulation.target import EmulatedTarget
+    from remote_verify.backends.torch_backend import TorchTarget
 
     profile = TargetProfile(name="tests-trees", pass_points=((1, TREE_PASS_MS), (64, TREE_PASS_MS * 1.1)))
-    running = RunningService(EmulatedTarget(torch_target, profile))
+    running = RunningService(EmulatedTarget(TorchTarget(tiny.target, device="cpu"), profile))
     yield running
     running.close()
 
@@ -193,7 +195,7 @@ def test_sampled_text_is_a_function_of_the_seed_with_and_without_trees(emulated_
 # ---- planted bugs: each must change the text --------------------------------------------------------
 
 
-def _walk_checking_a_child_against_its_siblings_row(tree, pick):
+def _walk_checking_a_child_against_its_siblings_row(tree, pick, stops=frozenset()):
     """Planted: child c compared with the pick of pass row c, which is node c - 1's: the sibling
     before it (or its parent, for a first child), as a chain-minded `row = index` would have it."""
     path, node = [], ROOT

@@ -88,3 +88,17 @@ def test_the_walk_keeps_the_child_equal_to_the_pick_at_its_parents_row():
     assert asked == [(0, 0), (1, 1), (4, 2), (5, 3)]
     assert walk(GuessTree(TOKENS, PARENTS), lambda row, depth: 20 if row == 0 else 7) == ([1], 7)
     assert walk(GuessTree([], []), lambda row, depth: 5) == ([], 5)
+
+
+def test_a_kept_stop_token_ends_the_walk_with_nothing_picked_after_it():
+    """A stop token the target picks ends the text: the walk asks for no token after it (a grammar
+    has no state past its end)."""
+    asked = []
+
+    def pick(row: int, depth: int) -> int:
+        asked.append(row)
+        return {0: 5, 1: 319}.get(row, 7)
+
+    assert walk(GuessTree.chain([5, 319]), pick, frozenset({319})) == ([0, 1], None)
+    assert asked == [0, 1]
+    assert walk(GuessTree.chain([5, 319]), pick) == ([0, 1], 7)  # without stops: the token after it
