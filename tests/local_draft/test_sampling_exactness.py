@@ -15,12 +15,15 @@ first tokens with the same numbers (their verdicts would fail or pass together).
 
 Each case costs 30,000 generations (minutes on two cores), so the cases are spread over
 the backends. The close drafter, which takes every path of the acceptance rule (acceptance
-at two positions, corrections, bonus tokens), runs on torch, the reference backend, as
-`specwire generate --mode rounds --seed S` runs it (the seeded case below), and on llama.cpp
-drafting ahead; the far drafter (rejections and residual resampling, three requests per generation)
-runs on ONNX Runtime, the fastest of the three on tiny models here. The acceptance rule is
+at two positions, corrections, bonus tokens), runs as `specwire generate --mode rounds --seed S`
+runs it (the seeded case below) and on llama.cpp drafting ahead; the far drafter (rejections and
+residual resampling, three requests per generation) runs too. The cases of 30,000 run on llama.cpp
+and ONNX Runtime, where a generation of the tiny models costs about half what it costs on torch
+(whose eager forward is mostly Python); torch, the reference backend, has the whole block with its
+bonus below, and the default mode's seeded case (test_stream_sampling.py). The acceptance rule is
 the same code on every backend; what a backend adds (its logits, its cache rollback) is
 checked token by token by the parity tests and against recomputation by the session tests.
+A case's seeds are split over one process per core (tests/forked_seeds.py).
 
 Three smaller cases follow the paths those leave out: target mass the draft never proposes,
 a whole block with its bonus, and adaptive k with drafting ahead and a reconnect. Each case
@@ -78,7 +81,7 @@ FAR_PLAIN = ("far_draft", SamplingParams(temperature=1.0), 1, 2, False)  # k, to
 # first verdict was in flight
 CLOSE_AHEAD = ("close_draft", SamplingParams(temperature=1.0, top_k=8, top_p=0.9), 2, 4, True)
 CASE_SEEDS = {"llamacpp": 5_000_000, "onnx": 6_000_000}  # one range of seeds per case
-CASES = [  # the close drafter on torch without drafting ahead is the seeded case, at the end
+CASES = [  # the close drafter without drafting ahead is the seeded case, at the end
     # power at SAMPLES: 1.3 points between the two likeliest runs of four tokens
     pytest.param("llamacpp", *CLOSE_AHEAD, id="llamacpp-close-topk-topp-ahead"),
     # power at SAMPLES: 1.1 points between the two likeliest pairs
@@ -252,7 +255,7 @@ def test_adaptive_k_drafting_ahead_and_reconnecting_follow_the_target(service_on
 
 # The seeded round-based path, issue 32's experiment: `specwire generate --mode rounds --prompt The
 # --temperature 1 --top-k 8 --top-p 0.9 --k 3 --no-pipeline --max-tokens 4 --seed S`, the close drafter
-# on torch (the default mode, which streams, has its seeded case in test_stream_sampling.py). The
+# on ONNX Runtime (the default mode, which streams, has its seeded case in test_stream_sampling.py). The
 # command opens a session whose Hello carries S and seeds its Speculator with S (app/generate_command.py);
 # here one session is re-keyed for each seed by a Sync (`Speculator.reseed`), which keys both ends the
 # same way, so that SAMPLES seeds fit in a test run (a process per seed costs ~100 times more). That
@@ -269,6 +272,7 @@ SEEDED_SEEDS = range(4_000_000, 4_000_000 + SAMPLES)
 # two likeliest pairs
 SEEDED_FIRST_TOKEN_POWER = 0.010
 SEEDED_CLI_SEEDS = 16  # seeds run through `specwire generate` itself
+SEEDED_BACKEND = "onnx"
 
 
 def _seeded_speculator(url: str, draft) -> tuple[VerifyClient, Speculator]:
@@ -280,7 +284,7 @@ def _seeded_speculator(url: str, draft) -> tuple[VerifyClient, Speculator]:
 def test_seeded_generations_follow_the_target(service_on, close_draft):
     """SAMPLES generations as `generate --mode rounds --seed S --k 3 --no-pipeline --max-tokens 4` makes
     them, one seed each: the first token, and the first two jointly, fit the target's exact distributions."""
-    service = service_on("torch")
+    service = service_on(SEEDED_BACKEND)
     first = Tally(service, close_draft, SEEDED, 1)
     pair = Tally(service, close_draft, SEEDED, 2)
     assert detectable_shift(first.exact, SAMPLES) <= SEEDED_FIRST_TOKEN_POWER  # the power it claims
@@ -308,7 +312,7 @@ def test_the_seeded_command_makes_what_a_reseeded_session_makes(service_on, clos
     """`specwire generate --mode rounds --seed S`, a process per seed, makes token for token what the
     seeded case's session re-keyed with S makes, for its first SEEDED_CLI_SEEDS seeds: its statistics
     are the command's."""
-    service = service_on("torch")
+    service = service_on(SEEDED_BACKEND)
     client, speculator = _seeded_speculator(service.url, close_draft)
     prompt = close_draft.tokenize(PROMPT_TEXT)
     for seed in SEEDED_SEEDS[:SEEDED_CLI_SEEDS]:
