@@ -96,7 +96,8 @@ class StreamSpeculator:
 
     def __init__(self, draft: DraftModel | None, link: ServiceLink | VerifyClient | None, params: SamplingParams,
                  seed: int | None = None, max_block: int | None = None, drafting: str = "model",
-                 end_ids: Iterable[int] | None = None, resume_within_s: float = 0.0, colocated: bool | None = None):
+                 end_ids: Iterable[int] | None = None, resume_within_s: float = 0.0, colocated: bool | None = None,
+                 trees: bool = True):
         self.draft, self.end_ids = drafter_and_end_ids(draft, drafting, end_ids)
         self.drafting = drafting
         self.ngram = NGramDrafter() if drafting != "model" else None
@@ -104,6 +105,7 @@ class StreamSpeculator:
         self.params = params
         self.resume_within_s = resume_within_s
         self.colocated = colocated  # the service shares this machine's cores; None: by its address (loopback)
+        self.allow_trees = trees  # False: chains only, whatever the service verifies (benchmarks compare the two)
         # The race's clocks are keyed by the session's seed: the drafter needs it to guess, so
         # there is always one, made here when the user gives none (greedy needs no clocks).
         self.seed = seed if seed is not None else fresh_seed()
@@ -340,7 +342,7 @@ class StreamSpeculator:
     def _consider_trees(self, client: VerifyClient, history: list[int], can_draft: bool) -> None:
         """Whether this stream may guess trees: the service verifies them, the drafter is the model and
         decodes branches together; its price for that is measured once (the first such stream)."""
-        self._trees = (can_draft and client.welcome.trees and self.drafting == "model"
+        self._trees = (self.allow_trees and can_draft and client.welcome.trees and self.drafting == "model"
                        and hasattr(self.draft, "branch_guesses") and self.controller.max_block is None)
         self.controller.trees = self._trees
         if self._trees and not self.controller.batch_cost and self.controller.possible_gain(0.9) >= MARGIN:
