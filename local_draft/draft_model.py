@@ -225,9 +225,9 @@ class DraftModel:
 
     def close(self) -> None:
         """Free the batch of branches (the model and context go with the Llama object)."""
-        if getattr(self, "_batch", None) is not None:
-            llama_cpp.llama_batch_free(self._batch)
-            self._batch = None
+        batch, self._batch = getattr(self, "_batch", None), None
+        if batch is not None and llama_cpp is not None and getattr(llama_cpp, "llama_batch_free", None):
+            llama_cpp.llama_batch_free(batch)  # (at interpreter exit the module may be gone already)
 
     def __del__(self) -> None:
         self.close()

@@ -46,7 +46,12 @@ choice's misses an alternative caught, and carried to other widths as H (1 - 1/w
 alternative among two catches half of what many would). The widest tree is kept only where it
 beats the chain by TREE_MARGIN. A drafter whose branches cost a step each (beta(w) = w: Apple
 Metal, a CPU) finds a level w times slower, and drafts chains wherever the drafter, not the
-service, holds the stream back; a GPU drafter (beta(8) = 1.6) widens.
+service, holds the stream back; a GPU drafter (beta(8) = 1.6) widens. Until the drafter's time
+for a guess is measured, chains (the model would take drafting for free, and every tree for a
+win). What the model leaves out (guesses that reach the service after the stream passed them,
+a tree's later levels the pass does not take), the rate decides, as it does for drafting at all:
+where the model picks a tree, trees and chains are each drafted for PROBE_TOKENS tokens, the
+faster is kept, and the other is tried again after SHAPE_REPROBE_TOKENS.
 """
 
 from __future__ import annotations
@@ -81,6 +86,7 @@ TREE_MARGIN = 1.05  # a tree must promise this much more than a chain (its h(w) 
 # Before any tree was tested: the share of the first choice's misses that alternatives catch, at
 # many branches (H; two branches catch half of it). An estimate, replaced by the measured share.
 PRIOR_ALTERNATE = 0.8
+SHAPE_REPROBE_TOKENS = 512  # the shape not in use is measured again after this many tokens
 
 
 class Decayed(DecayedMean):
@@ -111,6 +117,9 @@ class StreamController:
         self._wire_s = Decayed()  # the round trip, less the service's time
         self._slowdown = {True: Decayed(), False: Decayed()}  # a pass's time over the curve's, drafting or not
         self._since_switch = 0  # tokens committed since the decision last changed
+        self._shape_s = {False: Decayed(), True: Decayed()}  # seconds per token drafting chains, trees
+        self._shape_frames = {False: 0, True: 0}
+        self._shape_tokens = 0  # tokens committed since the shape last changed
         self._alternate = Decayed(PRIOR_ALTERNATE * PRIOR_WEIGHT, PRIOR_WEIGHT)  # h(w) / (1 - 1/w)
 
     # ---- what is measured -------------------------------------------------------------
@@ -153,6 +162,11 @@ class StreamController:
             self._slowdown[drafting].add(forward_s / expected)
         self._token_s[drafting].add(interval_s / tokens, tokens)
         self._frames[drafting] += 1
+        if drafting:
+            tree = self.width > 1
+            self._shape_s[tree].add(interval_s / tokens, tokens)
+            self._shape_frames[tree] += 1
+            self._shape_tokens += tokens
         self._since_switch += tokens
         self._decide()
 
@@ -209,11 +223,39 @@ class StreamController:
         return best
 
     def choose_width(self) -> int:
-        """The tree's branches that promise the best rate (1: a chain; a tree only by TREE_MARGIN)."""
+        """The tree's branches for the next guesses (1: a chain): the model's best width where it
+        beats the chain by TREE_MARGIN, kept only while trees measure faster than chains."""
+        modelled = self.modelled_width()
+        tree = modelled > 1
+        if tree and self._shape_tokens >= PROBE_TOKENS:  # the shape in use has run its course
+            rates = {shape: self._shape_rate(shape) for shape in (False, True)}
+            current = self.width > 1
+            if rates[True] is None or rates[False] is None:
+                tree = rates[True] is None  # measure what is not measured yet: trees first
+            elif self._shape_tokens >= SHAPE_REPROBE_TOKENS and rates[current] >= rates[not current]:
+                tree = not current  # the other shape's rate is old: measure it again
+            else:
+                tree = rates[True] >= rates[False] * MARGIN
+            if tree != current:
+                self._shape_tokens = 0
+                self._shape_s[tree], self._shape_frames[tree] = Decayed(), 0  # a fresh measurement
+        elif tree and self.width == 1 and self._shape_rate(True) is not None:
+            tree = False  # a chain's probe runs its course
+        self.width = modelled if tree else 1
+        return self.width
+
+    def modelled_width(self) -> int:
+        """The width the costs favour (1: a chain; a tree only by TREE_MARGIN, and only once the
+        drafter's guess time is measured)."""
+        if self._guess_s.value is None:
+            return 1
         chain = self.gain(1)
         best = max(self.widths(), key=lambda w: (self.gain(w), -w))
-        self.width = best if best > 1 and self.gain(best) >= chain * TREE_MARGIN else 1
-        return self.width
+        return best if best > 1 and self.gain(best) >= chain * TREE_MARGIN else 1
+
+    def _shape_rate(self, tree: bool) -> float | None:
+        per_token = self._shape_s[tree].value
+        return None if per_token is None or self._shape_frames[tree] < MIN_FRAMES else 1.0 / per_token
 
     def longest_block(self) -> int:
         return MAX_SPAN if self.max_block is None else max(1, min(self.max_block, MAX_SPAN))
