@@ -112,3 +112,20 @@ def test_branches_that_cost_a_pass_each_draft_chains():
     assert cuda.choose_width() > 1 and cuda.gain(cuda.width) > cuda.gain(1)
     cuda.trees = False  # the service verifies no trees
     assert cuda.choose_width() == 1
+
+
+def test_trees_measured_slower_than_chains_give_way_to_chains():
+    """Where the costs favour a tree but the stream runs faster with chains, chains are kept."""
+    from local_draft.stream_controller import PROBE_TOKENS
+
+    controller = StreamController(curve=SEVENTY_B, colocated=False, trees=True, batch_cost=dict(CUDA_BATCH),
+                                  drafting=True, max_block=None)
+    controller.observe_guess_time(0.0026)
+    assert controller.choose_width() > 1  # trees first
+    while controller.width > 1:
+        controller.observe_frame(2, 0.020, True)  # trees: 100 tokens/s
+        controller.choose_width()
+    for _ in range(PROBE_TOKENS):
+        controller.observe_frame(2, 0.010, True)  # chains: 200 tokens/s
+        controller.choose_width()
+    assert controller.width == 1
