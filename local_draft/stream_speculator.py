@@ -206,7 +206,9 @@ class StreamSpeculator:
                 drafting = (can_draft and (frames > 0 or early) and not cancelled and self.controller.drafting
                             and time.perf_counter() >= pause_until)
                 horizon = self.controller.horizon(stats.tokens_per_s) if drafting else 0
-                wants_guess = drafting and chain.levels < min(horizon, MAX_TREE_DEPTH)
+                if isinstance(chain, DraftTree):
+                    horizon = min(horizon, MAX_TREE_DEPTH)  # a deeper tree is refused (wire/limits.py)
+                wants_guess = drafting and chain.levels < horizon
                 if not wants_guess and chain.sent < len(chain.tokens):
                     self._send(client, seq, chain)  # before waiting: what was guessed goes out
                 if not wants_guess and not cancelled and should_stop is not None:
