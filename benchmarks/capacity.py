@@ -43,7 +43,7 @@ from benchmarks.emulation.recording import DEFAULT_RECORDING, Recording
 from benchmarks.emulation.serve import start_emulated_service
 from wire.protocol import SamplingParams
 
-MODES = ("default", "server", "rounds", "k0")
+MODES = ("default", "chain", "server", "rounds", "k0")  # chain: the default mode with trees off
 USERS_RATE = 20.0  # tokens/s a user should get: "users served at 20 tokens/s or more"
 
 
@@ -57,6 +57,15 @@ class UserRecord:
     accepted: int = 0
     differing: list[str] = field(default_factory=list)
     error: str | None = None
+    accepted_at: list[int] = field(default_factory=list)  # passes keeping at least i + 1 guesses
+    drafting_passes: int = 0  # passes that verified a guess
+    width: int = 1  # the tree's branches the controller chose last (1: a chain)
+
+    def add_depths(self, stats) -> None:
+        self.drafting_passes += stats.drafted_per_position[0] if stats.drafted_per_position else 0
+        self.accepted_at.extend([0] * (len(stats.accepted_per_position) - len(self.accepted_at)))
+        for i, n in enumerate(stats.accepted_per_position):
+            self.accepted_at[i] += n
 
     def tokens_in(self, start: float, end: float) -> int:
         return sum(n for t, n in self.commits if start <= t < end)
@@ -80,6 +89,12 @@ class WaveRecord:
     differing: int
     errors: list[str]
     time_scale: float
+    tokens_per_pass: float = 0.0
+    nodes_per_pass: float = 0.0  # guesses a pass verified (a tree's nodes), over passes
+    # acceptance by depth d: of the passes that kept d - 1 guesses (d = 1: that verified one), the
+    # share that kept a d-th
+    acceptance_by_depth: list[float] = field(default_factory=list)
+    widths: list[int] = field(default_factory=list)  # each user's tree width at the end (1: chains)
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -100,10 +115,10 @@ def _generator(mode: str, draft: EmulatedDraft, client, params: SamplingParams):
 
     if mode == "server":
         return ServerOnlyGenerator(client, draft.end_ids)
-    if mode == "default":
+    if mode in ("default", "chain"):
         # the emulated service stands for a GPU elsewhere, behind the proxy's round trip (its
         # loopback address would otherwise count it as sharing this machine's cores)
-        return StreamSpeculator(draft, client, params, colocated=False)
+        return StreamSpeculator(draft, client, params, colocated=False, trees=mode == "default")
     if mode == "rounds":
         return Speculator(draft, client, params, k=None, pipeline=True)
     if mode == "k0":
@@ -135,6 +150,8 @@ def _user(index: int, mode: str, url: str, draft: EmulatedDraft, entries: list, 
             record.tokens += len(result.token_ids)
             record.drafted += stats.drafted
             record.accepted += stats.accepted
+            record.add_depths(stats)
+            record.width = getattr(getattr(generator, "controller", None), "width", 1)
             expected = entry.path[:max_tokens]
             if result.token_ids != expected:
                 at = next((i for i, (a, b) in enumerate(zip(result.token_ids, expected)) if a != b),
@@ -182,6 +199,11 @@ def summarize(records: list[UserRecord], window: tuple[float, float], busy_s: fl
     rates = [r.tokens_in(*window) / seconds * time_scale for r in records]
     firsts = [s / time_scale for r in records for s in r.first_token_s]
     drafted = sum(r.drafted for r in records)
+    passes = sum(r.passes for r in records)
+    kept = [sum(r.accepted_at[i] for r in records if i < len(r.accepted_at))
+            for i in range(max((len(r.accepted_at) for r in records), default=0))]
+    before = [sum(r.drafting_passes for r in records)] + kept[:-1]
+    by_depth = [round(k / b, 3) if b else 0.0 for k, b in zip(kept, before)]
     return WaveRecord(
         users=users, mode=mode, rtt_ms=rtt_ms, emulated=emulated, aggregate_tok_s=sum(rates),
         user_p50_tok_s=percentile(rates, 50), user_p99_tok_s=percentile(rates, 1),
@@ -191,7 +213,8 @@ def summarize(records: list[UserRecord], window: tuple[float, float], busy_s: fl
         acceptance=sum(r.accepted for r in records) / drafted if drafted else 0.0,
         utilization=busy_s / seconds, differing=sum(len(r.differing) for r in records),
         errors=[r.error for r in records if r.error] + [d for r in records for d in r.differing][:3],
-        time_scale=time_scale)
+        time_scale=time_scale, tokens_per_pass=sum(r.tokens for r in records) / max(passes, 1),
+        nodes_per_pass=drafted / max(passes, 1), acceptance_by_depth=by_depth[:12], widths=[r.width for r in records])
 
 
 def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float], user_counts: list[int],
@@ -224,6 +247,8 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
                         records, window, busy = run_wave(proxy.url, mode, users, drafts, entries, max_tokens,
                                                          seconds * time_scale, lambda: _metric(url, BUSY))
                         label = target_profile if mode == "server" else f"{target_profile} + {drafter_profile}"
+                        label = f"{label} (what-if)" if "what-if" in load_target_profile(target_profile).description.lower() \
+                            else label
                         record = summarize(records, window, busy, users, mode, rtt, label, time_scale)
                         results.append(record)
                         if on_record is not None:
@@ -254,15 +279,22 @@ def print_records(records: list[WaveRecord]) -> None:
     print("EMULATED device (every figure below): target and drafter profiles as named; tokens/s per user "
           "and aggregate; first token in s")
     print("| emulated | rtt ms | users | mode | aggregate tok/s | user p50 | user p99 (slowest) | first token p50 / p99 s "
-          "| users >= 20 tok/s | passes/token | acceptance | device busy | differing |")
-    print("|---" * 13 + "|")
+          "| users >= 20 tok/s | passes/token | tokens/pass | nodes/pass | acceptance | by depth 1-4 | width "
+          "| device busy | differing |")
+    print("|---" * 17 + "|")
     for r in records:
+        depths = " / ".join(f"{a:.2f}" for a in r.acceptance_by_depth[:4])
+        width = "-" if r.mode == "server" else ",".join(str(w) for w in sorted(set(r.widths)))
         print(f"| {r.emulated} | {r.rtt_ms:g} | {r.users} | {r.mode} | {r.aggregate_tok_s:.1f} | {r.user_p50_tok_s:.1f} | "
               f"{r.user_p99_tok_s:.1f} | {r.first_token_p50_s:.3f} / {r.first_token_p99_s:.3f} | {r.users_at_20_tok_s} | "
-              f"{r.passes_per_token:.2f} | {r.acceptance:.2f} | {r.utilization:.0%} | {r.differing} |")
+              f"{r.passes_per_token:.2f} | {r.tokens_per_pass:.2f} | {r.nodes_per_pass:.1f} | {r.acceptance:.2f} | "
+              f"{depths} | {width} | {r.utilization:.0%} | {r.differing} |")
     by_key = {(r.rtt_ms, r.users, r.mode): r for r in records}
     for (rtt, users, mode), r in by_key.items():
         server = by_key.get((rtt, users, "server"))
+        chain = by_key.get((rtt, users, "chain"))
+        if mode == "default" and chain is not None and chain.aggregate_tok_s:
+            print(f"  {rtt:g} ms, {users} users, default (trees) / chain: aggregate x{r.aggregate_tok_s / chain.aggregate_tok_s:.2f}")
         if mode != "server" and server is not None and server.aggregate_tok_s:
             print(f"  {rtt:g} ms, {users} users, {mode} / server: aggregate x{r.aggregate_tok_s / server.aggregate_tok_s:.2f}, "
                   f"user p50 x{r.user_p50_tok_s / max(server.user_p50_tok_s, 1e-9):.2f}, users at 20 tok/s "

@@ -36,12 +36,28 @@ The acceptance is kept current by the guesses themselves.
 How far ahead: a guess helps if it reaches the service before the stream passes its position
 and is right, so the chain runs ahead of what has been received by the tokens the stream
 makes while a guess travels (`lead`), plus as many as are likely to be right (`span`).
+
+Chain or tree (`width`), where the service verifies trees (its Welcome) and the drafter can decode
+branches together: the same gain, asked for a tree of w branches (w = 1: a chain). A level of the
+tree costs the drafter g x beta(w), its measured cost of decoding w sequences one step against one
+(`batch_cost`), and the pass c(1 + w x levels); a level survives when the first choice is right
+(a) or, where it is wrong, one of the alternatives is (h(w), measured as the share of the first
+choice's misses an alternative caught, and carried to other widths as H (1 - 1/w): one
+alternative among two catches half of what many would). The widest tree is kept only where it
+beats the chain by TREE_MARGIN. A drafter whose branches cost a step each (beta(w) = w: Apple
+Metal, a CPU) finds a level w times slower, and drafts chains wherever the drafter, not the
+service, holds the stream back; a GPU drafter (beta(8) = 1.6) widens. Until the drafter's time
+for a guess is measured, chains (the model would take drafting for free, and every tree for a
+win). What the model leaves out (guesses that reach the service after the stream passed them,
+a tree's later levels the pass does not take), the rate decides, as it does for drafting at all:
+where the model picks a tree, trees and chains are each drafted for PROBE_TOKENS tokens, the
+faster is kept, and the other is tried again after SHAPE_REPROBE_TOKENS.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from local_draft.decayed_mean import DecayedMean
@@ -65,6 +81,12 @@ CLEAR_GAIN = 2.0  # a remote service whose costs allow this much drafts without 
 LIKELY = 0.15  # guesses whose chance of being reached and right is below this are not made
 MAX_SPAN = 32
 MOST_CORES_TAKEN = 0.25  # a drafter with as many threads as cores still leaves the service a share
+TREE_WIDTHS = (1, 2, 4, 8)  # branches a tree level may hold (1: a chain); the draft model measures these
+TREE_MARGIN = 1.05  # a tree must promise this much more than a chain (its h(w) is carried from one width)
+# Before any tree was tested: the share of the first choice's misses that alternatives catch, at
+# many branches (H; two branches catch half of it). An estimate, replaced by the measured share.
+PRIOR_ALTERNATE = 0.8
+SHAPE_REPROBE_TOKENS = 512  # the shape not in use is measured again after this many tokens
 
 
 class Decayed(DecayedMean):
@@ -82,6 +104,9 @@ class StreamController:
     colocated: bool = True  # the service computes on this machine's cores (a loopback address)
     drafter_share: float = 0.0  # colocated: the share of the machine's physical cores the drafter works on
     drafting: bool = False  # the decision in force
+    trees: bool = False  # the service verifies trees and the drafter decodes branches together
+    batch_cost: dict = field(default_factory=dict)  # width -> the drafter's cost of a level of it over one guess
+    width: int = 1  # the tree's branches in force (1: a chain)
     rest_tokens: int = 0  # tokens to rest before the next probe (0: probe as soon as drafting may pay)
 
     def __post_init__(self) -> None:
@@ -92,6 +117,10 @@ class StreamController:
         self._wire_s = Decayed()  # the round trip, less the service's time
         self._slowdown = {True: Decayed(), False: Decayed()}  # a pass's time over the curve's, drafting or not
         self._since_switch = 0  # tokens committed since the decision last changed
+        self._shape_s = {False: Decayed(), True: Decayed()}  # seconds per token drafting chains, trees
+        self._shape_frames = {False: 0, True: 0}
+        self._shape_tokens = 0  # tokens committed since the shape last changed
+        self._alternate = Decayed(PRIOR_ALTERNATE * PRIOR_WEIGHT, PRIOR_WEIGHT)  # h(w) / (1 - 1/w)
 
     # ---- what is measured -------------------------------------------------------------
 
@@ -103,6 +132,18 @@ class StreamController:
         """Guesses compared with committed tokens: `right` of `tested` (the last one wrong if right < tested)."""
         for i in range(tested):
             self._acceptance.add(1.0 if i < right else 0.0)
+
+    def observe_tree_levels(self, first_right: int, alternate_right: int, tested: int, width: int) -> None:
+        """Levels of a tree of `width` branches compared with committed tokens: at `first_right` of
+        `tested` the first choice was right, at `alternate_right` an alternative was instead."""
+        for i in range(tested):  # a level is a test of its first choice, whatever came before it
+            self._acceptance.add(1.0 if i < first_right else 0.0)
+        for i in range(tested - first_right):  # each miss of the first choice: caught by an alternative or not
+            self._alternate.add((1.0 if i < alternate_right else 0.0) / (1 - 1 / max(width, 2)))
+
+    def alternate_share(self, width: int) -> float:
+        """h(width): the share of the first choice's misses that one of `width` branches catches."""
+        return min(1.0, self._alternate.value) * (1 - 1 / width) if width > 1 else 0.0
 
     def observe_guess_time(self, seconds: float) -> None:
         self._guess_s.add(seconds)
@@ -121,6 +162,11 @@ class StreamController:
             self._slowdown[drafting].add(forward_s / expected)
         self._token_s[drafting].add(interval_s / tokens, tokens)
         self._frames[drafting] += 1
+        if drafting:
+            tree = self.width > 1
+            self._shape_s[tree].add(interval_s / tokens, tokens)
+            self._shape_frames[tree] += 1
+            self._shape_tokens += tokens
         self._since_switch += tokens
         self._decide()
 
@@ -149,22 +195,67 @@ class StreamController:
         return 1.0 / max(1.0 - self.drafter_share, MOST_CORES_TAKEN)
 
     def possible_gain(self, acceptance: float | None = None) -> float:
-        """The best rate drafting allows over the stream's own, from the costs (see above);
-        infinite when they are not known, so that a first probe measures them."""
+        """The best rate drafting allows over the stream's own, from the costs (see above), with a
+        chain or the best tree; infinite when they are not known, so that a first probe measures them."""
+        return max(self.gain(width, acceptance) for width in self.widths())
+
+    def widths(self) -> list[int]:
+        """The tree widths open now: 1 (a chain), and those the drafter measured where trees are verified."""
+        return [1] + ([w for w in TREE_WIDTHS if w > 1 and w in self.batch_cost] if self.trees else [])
+
+    def gain(self, width: int = 1, acceptance: float | None = None) -> float:
+        """The best rate drafting a tree of `width` branches (1: a chain) allows over the stream's own."""
         a = self.acceptance if acceptance is None else acceptance
         step = self.seconds(1)
         if step is None:
             return math.inf
         guess_s = self._guess_s.value
+        level_s = guess_s * self.batch_cost.get(width, width) if guess_s else None  # the drafter's time a level
+        survive = a + (1 - a) * self.alternate_share(width)  # a level has the target's token
         best = 1.0
         for b in range(1, self.longest_block() + 1):
-            cost = self.seconds(1 + b) * self.interference
+            cost = self.seconds(1 + b * width) * self.interference
             if cost <= 0:  # a curve that says a pass costs nothing says nothing a gain can be read from
                 return math.inf
-            found = b if not guess_s else min(b, cost / guess_s)  # guesses the drafter can have ready
-            best = max(best, (sum(a ** i for i in range(int(found) + 1)) + (found % 1) * a ** (int(found) + 1))
-                       * step / cost)
+            found = b if not level_s else min(b, cost / level_s)  # levels the drafter can have ready
+            best = max(best, (sum(survive ** i for i in range(int(found) + 1))
+                              + (found % 1) * survive ** (int(found) + 1)) * step / cost)
         return best
+
+    def choose_width(self) -> int:
+        """The tree's branches for the next guesses (1: a chain): the model's best width where it
+        beats the chain by TREE_MARGIN, kept only while trees measure faster than chains."""
+        modelled = self.modelled_width()
+        tree = modelled > 1
+        if tree and self._shape_tokens >= PROBE_TOKENS:  # the shape in use has run its course
+            rates = {shape: self._shape_rate(shape) for shape in (False, True)}
+            current = self.width > 1
+            if rates[True] is None or rates[False] is None:
+                tree = rates[True] is None  # measure what is not measured yet: trees first
+            elif self._shape_tokens >= SHAPE_REPROBE_TOKENS and rates[current] >= rates[not current]:
+                tree = not current  # the other shape's rate is old: measure it again
+            else:
+                tree = rates[True] >= rates[False] * MARGIN
+            if tree != current:
+                self._shape_tokens = 0
+                self._shape_s[tree], self._shape_frames[tree] = Decayed(), 0  # a fresh measurement
+        elif tree and self.width == 1 and self._shape_rate(True) is not None:
+            tree = False  # a chain's probe runs its course
+        self.width = modelled if tree else 1
+        return self.width
+
+    def modelled_width(self) -> int:
+        """The width the costs favour (1: a chain; a tree only by TREE_MARGIN, and only once the
+        drafter's guess time is measured)."""
+        if self._guess_s.value is None:
+            return 1
+        chain = self.gain(1)
+        best = max(self.widths(), key=lambda w: (self.gain(w), -w))
+        return best if best > 1 and self.gain(best) >= chain * TREE_MARGIN else 1
+
+    def _shape_rate(self, tree: bool) -> float | None:
+        per_token = self._shape_s[tree].value
+        return None if per_token is None or self._shape_frames[tree] < MIN_FRAMES else 1.0 / per_token
 
     def longest_block(self) -> int:
         return MAX_SPAN if self.max_block is None else max(1, min(self.max_block, MAX_SPAN))
@@ -175,7 +266,8 @@ class StreamController:
         """How many guesses ahead of the received text the chain may run (0: none)."""
         if not self.drafting:
             return 0
-        likely = max(2, math.ceil(math.log(LIKELY) / math.log(self.acceptance))) if self.acceptance > 0 else 2
+        survive = min(0.995, self.acceptance + (1 - self.acceptance) * self.alternate_share(self.width))
+        likely = max(2, math.ceil(math.log(LIKELY) / math.log(survive))) if survive > 0 else 2
         span = min(self.longest_block(), likely)
         wire = self._wire_s.value or 0.0
         lead = math.ceil((rate or 0.0) * wire / 2) + 1  # tokens the stream makes while a guess travels
@@ -184,6 +276,7 @@ class StreamController:
     def new_reply(self) -> None:
         """A reply starts: the decision in force carries over, its measurements too."""
         self._decide()
+        self.choose_width()
 
     def _decide(self) -> None:
         if self.max_block is not None:

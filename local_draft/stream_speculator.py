@@ -22,6 +22,12 @@ When the drafter works is `StreamController`'s decision (local_draft/stream_cont
 only while drafting raises the stream's rate. Resting, it reads nothing: the stream is then
 `--mode server` exactly.
 
+Where the service verifies trees (its Welcome's `trees`) and the controller finds that a tree pays
+(`width` above 1: the drafter decodes several branches for little more than one), the guesses
+are a tree instead (local_draft/draft_tree.py): grown a level at a time, each level's branches
+decoded together, and sent whole. The text is the same: the service keeps a child only where it
+is the target's own pick. Otherwise, and wherever trees do not pay, the chain is as it always was.
+
 Who guesses is the `drafting` setting: the draft model ("model"), the n-gram copy of the
 context with no model ("ngram"), or per chain whichever has been right more often ("mixed").
 A lost service is handled as the round-based loop handles it (local_draft/speculator.py):
@@ -47,15 +53,17 @@ import numpy as np
 
 from local_draft.draft_model import DraftModel, DraftModelError
 from local_draft.draft_source import drafter_and_end_ids
+from local_draft.draft_tree import DraftTree
 from local_draft.generation_stats import Generation, GenerationStats
 from local_draft.ngram_draft import NGramDrafter
 from local_draft.service_link import ServiceLink
 from local_draft.speculator import FixedLink, OnCommit, ShouldStop
-from local_draft.stream_controller import StreamController
+from local_draft.stream_controller import MARGIN, StreamController
 from local_draft.verify_client import ServiceUnreachable, VerifyClient, VerifyError
 from wire import grammar as grammars
 from wire.protocol import Cancel, Draft, Generate, Generated, Grammar, SamplingParams, Sync, TokenLogprobs
 from wire.randomness import DecisionRandomness, draft_generator, fresh_seed
+from wire.limits import MAX_TREE_DEPTH
 from wire.threads import physical_cores
 
 log = logging.getLogger(__name__)
@@ -82,6 +90,10 @@ class GuessChain:
     sources: list[str] = field(default_factory=list)  # who guessed each ("model" or "ngram")
     sent: int = 0  # tokens[:sent] are at the service (or on their way)
 
+    @property
+    def levels(self) -> int:
+        return len(self.tokens)
+
     def advance(self, committed: list[int]) -> tuple[int, int]:
         """Tokens were committed at `start`: drop the guesses they confirm. Returns (right, tested):
         how many guesses they confirmed and how many they tested (one more when one was wrong)."""
@@ -98,7 +110,7 @@ class StreamSpeculator:
     def __init__(self, draft: DraftModel | None, link: ServiceLink | VerifyClient | None, params: SamplingParams,
                  seed: int | None = None, max_block: int | None = None, drafting: str = "model",
                  end_ids: Iterable[int] | None = None, resume_within_s: float = 0.0, colocated: bool | None = None,
-                 grammar: Grammar | None = None, logprobs: int = -1):
+                 grammar: Grammar | None = None, logprobs: int = -1, trees: bool = True):
         self.draft, self.end_ids = drafter_and_end_ids(draft, drafting, end_ids)
         self.logprobs = logprobs  # -1: none; n: the target's log probability of each token and its n most likely
         self.token_logprobs: list[TokenLogprobs | None] = []  # the generation's, one per token (None: made offline)
@@ -111,6 +123,7 @@ class StreamSpeculator:
         self.params = params
         self.resume_within_s = resume_within_s
         self.colocated = colocated  # the service shares this machine's cores; None: by its address (loopback)
+        self.allow_trees = trees  # False: chains only, whatever the service verifies (benchmarks compare the two)
         # The race's clocks are keyed by the session's seed: the drafter needs it to guess, so
         # there is always one, made here when the user gives none (greedy needs no clocks).
         self.seed = seed if seed is not None else fresh_seed()
@@ -125,6 +138,7 @@ class StreamSpeculator:
         self._keyed: VerifyClient | None = None  # the connection known to draw with self.seed
         self._seq = 0
         self._chains = 0
+        self._trees = False  # this stream may guess trees (_consider_trees)
         self._mixed_right = {"model": [0.7, 1.0], "ngram": [0.5, 1.0]}  # decayed right / tested, by source
 
     # ---- settings -----------------------------------------------------------------------
@@ -226,6 +240,7 @@ class StreamSpeculator:
         # would take the cores that pass runs on (the first token would come later).
         early = not self.controller.colocated
         seq = self._start(client, history, max_tokens - len(new))
+        self._consider_trees(client, history, can_draft)
         started = time.perf_counter()
         chain = self._new_chain(len(history))
         last_frame_at, frames, cancelled, pause_until, last_send = 0.0, 0, False, 0.0, 0.0
@@ -235,7 +250,9 @@ class StreamSpeculator:
                 drafting = (can_draft and (frames > 0 or early) and not cancelled and self.controller.drafting
                             and time.perf_counter() >= pause_until)
                 horizon = self.controller.horizon(stats.tokens_per_s) if drafting else 0
-                wants_guess = drafting and len(chain.tokens) < horizon
+                if isinstance(chain, DraftTree):
+                    horizon = min(horizon, MAX_TREE_DEPTH)  # a deeper tree is refused (wire/limits.py)
+                wants_guess = drafting and chain.levels < horizon
                 if not wants_guess and chain.sent < len(chain.tokens):
                     self._send(client, seq, chain)  # before waiting: what was guessed goes out
                 if not wants_guess and not cancelled and should_stop is not None:
@@ -335,10 +352,15 @@ class StreamSpeculator:
         stats.last_k = frame.drafted
         if frame.drafted:
             stats.record_source(chain.sources[0] if chain.sources else "model", frame.drafted, accepted)
-        right, tested = chain.advance(tokens)
-        if tested:
-            self.controller.observe_guesses(right, tested)
-            self._score_sources(chain, right, tested)
+        if isinstance(chain, DraftTree):
+            right, first, alternate, tested = chain.follow(tokens)
+            if tested:
+                self.controller.observe_tree_levels(first, alternate, tested, chain.width)
+        else:
+            right, tested = chain.advance(tokens)
+            if tested:
+                self.controller.observe_guesses(right, tested)
+                self._score_sources(chain, right, tested)
         history += tokens
         new += tokens
         if self.logprobs >= 0:
@@ -348,14 +370,39 @@ class StreamSpeculator:
             on_commit(tokens, ["draft"] * accepted + ["target"] * (len(tokens) - accepted))
         if right < len(tokens):  # a guess was wrong, or the chain ran out: guess afresh after the new text
             return self._new_chain(len(history))
+        if isinstance(chain, DraftTree):
+            below = chain.below(right, tokens, chain.number)
+            if below is None or below.width != self.controller.width:
+                return self._new_chain(len(history))
+            if below.number < 0:  # not all of it had gone out: sent afresh
+                below.number = self._next_chain_number()
+            return below
         rest = GuessChain(chain.number, len(history), chain.tokens[right:], chain.sources[right:],
                           chain.sent - right)
         if rest.sent < 0:  # guessed right, but not all of it had gone out: the service's copy ends short
             rest.number, rest.sent = self._next_chain_number(), 0
         return rest
 
-    def _new_chain(self, start: int) -> GuessChain:
+    def _new_chain(self, start: int) -> GuessChain | DraftTree:
+        """Empty guesses after `start`: a tree where one pays now (the controller's width), else a chain."""
+        if self._trees and self.controller.choose_width() > 1:
+            return DraftTree(self._next_chain_number(), start, self.controller.width)
         return GuessChain(self._next_chain_number(), start)
+
+    def _consider_trees(self, client: VerifyClient, history: list[int], can_draft: bool) -> None:
+        """Whether this stream may guess trees: the service verifies them, the drafter is the model and
+        decodes branches together; its price for that is measured once (the first such stream)."""
+        # under a grammar the drafter's guesses are masked a token at a time, as a chain's are
+        self._trees = (self.allow_trees and can_draft and client.welcome.trees and self.drafting == "model"
+                       and self._constraint is None
+                       and hasattr(self.draft, "branch_guesses") and self.controller.max_block is None)
+        self.controller.trees = self._trees
+        if self._trees and not self.controller.batch_cost and self.controller.possible_gain(0.9) >= MARGIN:
+            try:
+                self.controller.batch_cost = dict(self.draft.batch_cost(history))
+            except DraftModelError as exc:
+                log.info("trees off: the drafter could not decode branches together (%s)", exc)
+                self._trees = self.controller.trees = False
 
     def _next_chain_number(self) -> int:
         self._chains += 1
@@ -367,6 +414,8 @@ class StreamSpeculator:
         """Extend the chain by one guess (or a copied run); False when there is nothing to guess with.
 
         A drafter still reading the text reads a piece instead (it stops as a frame arrives)."""
+        if isinstance(chain, DraftTree):
+            return self._grow(client, history, chain)
         context = history + chain.tokens
         if self.ngram is not None and (self.drafting == "ngram" or self._ngram_preferred()):
             proposal = self.ngram.propose(context, 8)
@@ -399,7 +448,39 @@ class StreamSpeculator:
         chain.sources.append("model")
         return True
 
-    def _send(self, client: VerifyClient, seq: int, chain: GuessChain) -> None:
+    def _grow(self, client: VerifyClient, history: list[int], tree: DraftTree) -> bool:
+        """Add a level to the tree, its open branches decoded together; False when none is open."""
+        if not tree.open:
+            return False
+        if self.draft.lag(history) > 2 and not tree.tokens:  # read a new text first, while frames come
+            began = time.perf_counter()
+            try:
+                self.draft.keep_up(history, should_stop=client.reply_ready)
+            except DraftModelError:
+                return False
+            self.stats.ahead_s += time.perf_counter() - began
+            return True
+        began = time.perf_counter()
+        clocks_for = (lambda position: None) if self.params.greedy else (
+            lambda position: self.randomness.race(position, self.draft.vocab_size))
+        branches = len(tree.open)
+        try:
+            candidates = self.draft.branch_guesses(history, tree.open_paths(), self.params, clocks_for)
+        except DraftModelError:  # the drafter's context is full: the stream goes on without guesses
+            return False
+        added = tree.grow(candidates, self.end_ids)
+        spent = time.perf_counter() - began
+        self.controller.observe_guess_time(spent / self.controller.batch_cost.get(branches, branches))
+        self.stats.draft_s += spent
+        self.stats.ahead_drafted += added
+        return added > 0
+
+    def _send(self, client: VerifyClient, seq: int, chain: GuessChain | DraftTree) -> None:
+        if isinstance(chain, DraftTree):  # a tree goes whole: it replaces the one the service holds
+            client.send_draft(Draft(seq=seq, chain=chain.number, start=chain.start, tokens=list(chain.tokens),
+                                    source="model", parents=list(chain.parents)))
+            chain.sent = len(chain.tokens)
+            return
         unsent = chain.tokens[chain.sent:]
         source = chain.sources[chain.sent] if chain.sources else "model"
         client.send_draft(Draft(seq=seq, chain=chain.number, start=chain.start + chain.sent, tokens=unsent,

@@ -7,7 +7,9 @@ cache of what it has read, so that what a call costs is what the real drafter's 
 guess after the first a decode step). The time is spent sleeping, so sixty-four emulated
 drafters fit beside a service on two cores. Its guesses come from
 - the recording (greedy runs on the default pair): the real drafter's argmax at every
-  position of the target's path (benchmarks/emulation/recording.py); or
+  position of the target's path (benchmarks/emulation/recording.py), and where recorded its top
+  few guesses with their probabilities, which a tree's branches take (a level of b branches
+  costs the profile's `level_ms(b)`); or
 - a real draft model (the tiny one, for sampled runs), whose own compute counts towards
   the profile's time.
 The vocabulary (tokenizing, the handshake's fingerprint, end tokens) is always the real draft
@@ -24,7 +26,7 @@ import numpy as np
 from benchmarks.emulation.profiles import DrafterProfile
 from benchmarks.emulation.recording import Recording
 from benchmarks.emulation.target import ReplayError
-from local_draft.draft_model import CATCH_UP_PIECE, DraftModel, DraftModelError
+from local_draft.draft_model import BATCH_COST_WIDTHS, CATCH_UP_PIECE, DraftModel, DraftModelError
 from wire.protocol import Hello, SamplingParams, SparseDist
 
 
@@ -181,6 +183,48 @@ class EmulatedDraft:
         # After a wrong guess (the context off the recorded path) the real drafter's guess was not
         # recorded: the recorded one stands in, and nobody verifies it (the chain is already wrong).
         return entry.guesses[at] if at < len(entry.guesses) else self.eos_id
+
+    # ---- trees --------------------------------------------------------------------------
+
+    def batch_cost(self, context: Sequence[int]) -> dict[int, float]:
+        """The profile's cost of decoding b branches together over one (the real drafter measures it)."""
+        return {b: self.profile.batch_cost(b) for b in BATCH_COST_WIDTHS}
+
+    def branch_guesses(self, context: Sequence[int], paths: Sequence[Sequence[int]], params: SamplingParams,
+                       clocks_for: Callable[[int], np.ndarray | None]) -> list[list[tuple[int, float]]]:
+        """As DraftModel.branch_guesses: each branch's candidates, best first, with probabilities; a
+        level costs the profile's step of that many sequences. The replay's candidates are the
+        recorded top guesses along the target's path (only the argmax, sure, where none were
+        recorded); off the path nothing is verified, and the recorded guess stands in."""
+        longest = max((len(path) for path in paths), default=0)
+        self._check_room(context, longest + 1)
+        if self.recording is None:
+            began, lag = time.perf_counter(), self.lag(context)
+            out = self.model.branch_guesses(context, paths, params, clocks_for)
+            self._cached = list(context)
+            grown = sum(1 for path in paths if path)
+            self._top_up(began, self.profile.read_ms(lag) + (self.profile.level_ms(grown) if grown else 0.0))
+            return out
+        if not params.greedy:
+            raise ReplayError("the recording holds greedy guesses only: run sampled emulation on the tiny models")
+        if self._cached != list(context):  # the branches grow after a text already read: no step for it
+            self._catch_up(context)
+        grown = sum(1 for path in paths if path)
+        if grown:
+            self._spend(self.profile.level_ms(grown))
+        entry = self.recording.find(list(context))
+        if entry is None:
+            raise ReplayError("no recording starts like this context: the replay knows the default prompt set only")
+        out = []
+        for path in paths:
+            at = len(context) + len(path) - len(entry.prompt)
+            if at >= len(entry.guesses):
+                out.append([(self.eos_id, 1.0)])
+            elif entry.top and list(context) + list(path) == (entry.prompt + entry.path)[:len(context) + len(path)]:
+                out.append([(int(token), float(p)) for token, p in entry.top[at]])
+            else:
+                out.append([(entry.guesses[at], 1.0)])
+        return out
 
     # ---- time ---------------------------------------------------------------------------
 

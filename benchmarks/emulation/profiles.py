@@ -9,7 +9,9 @@ Two kinds:
       and continued along the last slope past them;
     `session_ms`: each more session sharing the pass;
     `context_ms_per_ktoken`: each 1,000 cached tokens of each member (reading its KV cache).
-- "drafter": `token_ms` per drafted token and `prefill_ms_per_token` for reading a text.
+- "drafter": `token_ms` per drafted token and `prefill_ms_per_token` for reading a text, and
+    `batch_cost`: points (b, x) of decoding b sequences one token each for x times one (a tree's
+    level of b branches; interpolated, and continued along the last slope; none: b times one).
 
 Every figure made with a profile is emulated, and is labelled with the profile's name.
 """
@@ -53,6 +55,19 @@ class DrafterProfile:
     description: str = ""
     measured: bool = False
     sources: dict = field(default_factory=dict)
+    batch_points: tuple[tuple[int, float], ...] = ()  # (sequences, times one sequence's step)
+
+    def batch_cost(self, branches: int) -> float:
+        """A step of `branches` sequences over one sequence's (b: a branch costs a step, if not stated)."""
+        if branches <= 1:
+            return 1.0
+        if not self.batch_points:
+            return float(branches)
+        return max(1.0, interpolate([(1, 1.0)] + list(self.batch_points), branches))
+
+    def level_ms(self, branches: int) -> float:
+        """One level of a tree: `branches` guesses decoded together."""
+        return self.token_ms * self.batch_cost(branches)
 
     def read_ms(self, tokens: int) -> float:
         """Evaluating `tokens` new tokens: one is a decode step, more a batch."""
@@ -90,8 +105,12 @@ def load_profile(name_or_path: str | Path) -> TargetProfile | DrafterProfile:
             return TargetProfile(pass_points=points, session_ms=float(data.get("session_ms", 0.0)),
                                  context_ms_per_ktoken=float(data.get("context_ms_per_ktoken", 0.0)), **common)
         if kind == "drafter":
+            batch = tuple(sorted((int(n), float(x)) for n, x in data.get("batch_cost", [])))
+            if any(n < 2 or x < 1.0 for n, x in batch):
+                raise ValueError("batch_cost needs (sequences >= 2, times one >= 1) points")
             return DrafterProfile(token_ms=float(data["token_ms"]),
-                                  prefill_ms_per_token=float(data["prefill_ms_per_token"]), **common)
+                                  prefill_ms_per_token=float(data["prefill_ms_per_token"]), batch_points=batch,
+                                  **common)
     except (KeyError, TypeError, ValueError) as exc:
         raise ProfileError(f"the profile {path} is malformed: {exc}") from None
     raise ProfileError(f"the profile {path} has kind {kind!r}: it must be \"target\" or \"drafter\"")

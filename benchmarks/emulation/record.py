@@ -1,11 +1,15 @@
 """Record the default pair's greedy decisions for the emulator (benchmarks/emulation/recording.py).
 
     .venv/bin/python -m benchmarks.emulation.record [--tokens 256] [--out FILE] [--draft GGUF] [--target GGUF]
+    .venv/bin/python -m benchmarks.emulation.record --top-only [--out FILE] [--draft GGUF]
 
 Starts a real verification service on the target (llama.cpp, as `specwire serve` runs it:
 batch-invariant kernels, so its greedy path is the one every mode commits), streams each
 prompt's greedy continuation from it (`--mode server`), then evaluates the draft model token
-by token along that path and keeps its argmax at every position. About five minutes for the
+by token along that path and keeps its argmax at every position, and its TOP_CHOICES likeliest
+tokens with their probabilities (what a tree's branches take). `--top-only` adds those to a
+recording made before them, with the drafter alone (the target's path is already recorded). About
+five minutes for the
 default prompt set at 256 tokens on two quiet CPU cores. Each prompt is saved as soon as it is
 recorded, and a run picks up where an interrupted one stopped (the prompts already in --out).
 """
@@ -23,6 +27,32 @@ from app.demo import start_service
 from benchmarks.emulation.recording import DEFAULT_RECORDING, Recorded, Recording
 
 log = logging.getLogger(__name__)
+
+TOP_CHOICES = 3  # a tree branches into a node's second choice; a third shows what a wider one would catch
+
+
+def drafter_top(draft, context: list[int]) -> list[list]:
+    """The drafter's TOP_CHOICES likeliest tokens after `context`, [token, probability] best first."""
+    from wire.protocol import SamplingParams
+
+    options = draft.branch_guesses(context, [()], SamplingParams(), lambda position: None)[0]
+    return [[token, round(p, 4)] for token, p in options[:TOP_CHOICES]]
+
+
+def record_top(recording: Recording, draft_path: Path) -> Recording:
+    """Add the drafter's top guesses at every position of each recorded path, with the drafter alone."""
+    from local_draft.draft_model import DraftModel
+
+    draft = DraftModel(draft_path, n_ctx=4096)
+    for entry in recording.entries:
+        entry.top = [drafter_top(draft, entry.prompt + entry.path[:i]) for i in range(len(entry.path))]
+        changed = sum(top[0][0] != guess for top, guess in zip(entry.top, entry.guesses))
+        if changed:
+            log.warning("%r: the drafter's argmax differs from the recorded guess at %d positions", entry.text[:30],
+                        changed)
+        log.info("%s %r: top %d recorded at %d positions", entry.kind, entry.text[:30], TOP_CHOICES, len(entry.top))
+    recording.about["top"] = f"{draft_path.name}, top {TOP_CHOICES}, {datetime.date.today().isoformat()}"
+    return recording
 
 
 def record(draft_path: Path, target_path: Path, max_tokens: int, out: Path | None = None) -> Recording:
@@ -51,14 +81,12 @@ def record(draft_path: Path, target_path: Path, max_tokens: int, out: Path | Non
                 prompt = draft.tokenize(text)
                 result = streamed.generate(prompt, max_tokens)
                 path = result.token_ids
-                guesses = []
-                for i in range(len(path)):
-                    tokens, _ = draft.propose(prompt + path[:i], 1, SamplingParams(), rng=None)
-                    guesses.append(tokens[0])
+                top = [drafter_top(draft, prompt + path[:i]) for i in range(len(path))]
+                guesses = [options[0][0] for options in top]
                 right = sum(g == t for g, t in zip(guesses, path))
                 log.info("%s %r: %d tokens (%s), the drafter's guess right at %d of them",
                          kind, text[:30], len(path), result.stop_reason, right)
-                entries.append(Recorded(kind, text, prompt, path, guesses, result.stop_reason))
+                entries.append(Recorded(kind, text, prompt, path, guesses, result.stop_reason, top))
                 if out is not None:
                     Recording(entries, about).save(out)
         client.close()
@@ -77,10 +105,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_RECORDING)
     parser.add_argument("--draft", type=Path, help="draft GGUF (default: the default pair's)")
     parser.add_argument("--target", type=Path, help="target GGUF (default: the default pair's)")
+    parser.add_argument("--top-only", action="store_true", help="add the drafter's top guesses to the recording "
+                        "at --out (no target needed)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     pair = get_pair()
     draft = args.draft or file_path(pair, pair.draft)
+    if args.top_only:
+        recording = record_top(Recording.load(args.out), Path(draft))
+        recording.save(args.out)
+        print(f"added the drafter's top {TOP_CHOICES} to {len(recording.entries)} prompts in {args.out}")
+        return
     target = args.target or file_path(pair, pair.target)
     recording = record(Path(draft), Path(target), args.tokens, args.out)
     recording.save(args.out)

@@ -6,7 +6,10 @@ and the drafter's greedy guess at each position along it (`guesses[i]`: the draf
 argmax after prompt + path[:i], evaluated token by token as a drafter does). That is every
 decision speculation needs under greedy decoding: a block or chain of guesses is right up to
 its first wrong token, and every guess up to there continues the target's own path, so
-acceptance position by position is the real pair's. What a drafter would guess after a wrong
+acceptance position by position is the real pair's. With the drafter's top few guesses and their
+probabilities at each position (`top`), a tree's acceptance is the real pair's too: a tree
+branches where the drafter was unsure, and its second choice is right where the target took it.
+What a drafter would guess after a wrong
 guess is not recorded (no verification ever looks at it); the replay repeats the recorded
 guess there, and the stream drops it.
 
@@ -32,6 +35,9 @@ class Recorded:
     path: list[int]  # the target's greedy continuation
     guesses: list[int]  # guesses[i]: the drafter's greedy token after prompt + path[:i]
     stop: str  # "eos": path ends with an end token; "max_tokens": recorded that far
+    # top[i]: the drafter's likeliest few tokens after prompt + path[:i], [token, probability] best
+    # first (top[i][0][0] is guesses[i]); empty where not recorded (a tree then cannot branch)
+    top: list = field(default_factory=list)
 
 
 @dataclass

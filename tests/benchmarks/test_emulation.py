@@ -42,6 +42,15 @@ def test_a_target_profile_prices_a_pass_by_its_shape():
     assert profile.pass_ms(16) / profile.pass_ms(1) < 1.1  # a GPU pass of 16 costs about one
 
 
+def test_a_drafter_profile_prices_a_level_of_branches_by_its_sourced_batch_cost():
+    """laptop CUDA: 8 branches 1.6x one; Apple Metal: 4 branches 2.1x; a profile without a curve: b x."""
+    gpu, metal = load_profile("laptop-gpu-0.5b"), load_profile("apple-m5-0.5b")
+    assert gpu.batch_cost(1) == 1.0 and gpu.batch_cost(8) == pytest.approx(1.6)
+    assert metal.batch_cost(4) == pytest.approx(2.1) and metal.level_ms(4) == pytest.approx(2.1 * metal.token_ms)
+    assert "batch_cost" in gpu.sources and "batch_cost" in metal.sources
+    assert DrafterProfile(name="plain", token_ms=1.0, prefill_ms_per_token=1.0).batch_cost(4) == 4.0
+
+
 def test_an_unknown_or_malformed_profile_is_a_clear_error(tmp_path):
     """A wrong name lists the profiles; a file without its figures says what is missing."""
     with pytest.raises(ProfileError, match="a100-qwen2.5-1.5b"):
@@ -131,6 +140,26 @@ def test_an_emulated_drafter_charges_the_profile_and_guesses_the_recorded_tokens
     guesses = [draft.guess(entry.prompt + entry.path[:i], SamplingParams(), None) for i in range(5)]
     assert time.perf_counter() - began >= 5 * 0.020 * 0.95
     assert guesses == entry.guesses[:5]
+
+
+def test_an_emulated_drafter_branches_into_the_recorded_top_guesses(tiny, tiny_recording):
+    """A level of branches costs the profile's step of that many sequences; each branch on the
+    target's path gets the recorded top guesses, the first of them the recorded guess."""
+    from benchmarks.emulation.drafter import EmulatedDraft
+    from local_draft.draft_model import DraftModel
+
+    recording = Recording.load(tiny_recording)
+    profile = DrafterProfile(name="cuda-like", token_ms=20.0, prefill_ms_per_token=10.0, batch_points=((8, 1.6),))
+    draft = EmulatedDraft(DraftModel(tiny.draft, vocab_only=True), profile, recording)
+    entry = recording.entries[0]
+    assert len(entry.top) == len(entry.path) and all(top[0][0] == g for top, g in zip(entry.top, entry.guesses))
+    draft.keep_up(entry.prompt)
+    began = time.perf_counter()
+    paths = [tuple(entry.path[:1]), (entry.top[0][1][0],)] + [(entry.path[0], t) for t in range(6)]
+    options = draft.branch_guesses(entry.prompt, paths, SamplingParams(), lambda position: None)
+    assert time.perf_counter() - began >= 20.0 * 1.6 / 1000 * 0.95
+    assert [(t, pytest.approx(p)) for t, p in options[0]] == [tuple(x) for x in entry.top[1]]
+    assert options[1] == [(entry.guesses[1], 1.0)]  # off the path: the recorded guess stands in
 
 
 def test_the_capacity_benchmark_writes_labelled_records(tiny, tiny_recording, tmp_path):

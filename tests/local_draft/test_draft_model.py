@@ -72,3 +72,22 @@ def test_a_catch_up_cut_short_keeps_what_it_evaluated(close_draft):
     assert close_draft.draft_ahead(ids, 4, SamplingParams(), np.random.default_rng(0), lambda: True) == (None, [], [])
     close_draft.keep_up(ids)
     assert close_draft.evaluated == ids and close_draft.last_catch_up == len(ids)
+
+
+def test_branches_decoded_together_guess_what_each_alone_would(close_draft):
+    """A level of branches in one batch (some cached, some new, one two tokens deep): each branch's
+    first candidate is the guess the drafter makes after that text alone."""
+    greedy, none = SamplingParams(), (lambda position: None)
+    context = close_draft.tokenize("def quicksort(arr):")
+    root = close_draft.branch_guesses(context, [()], greedy, none)[0]
+    assert root[0][0] == close_draft.guess(context, greedy, None) and root[0][1] >= root[1][1]
+    a, b = root[0][0], root[1][0]
+    close_draft.branch_guesses(context, [()], greedy, none)
+    level = close_draft.branch_guesses(context, [(a,), (b,)], greedy, none)
+    x = level[0][0][0]
+    deeper = close_draft.branch_guesses(context, [(a, x), (a, level[0][1][0]), (b, 7, 9)], greedy, none)
+    alone = [close_draft.guess(context + list(path), greedy, None)
+             for path in [(a, x), (a, level[0][1][0]), (b, 7, 9)]]
+    assert [options[0][0] for options in deeper] == alone
+    cost = close_draft.batch_cost(context)
+    assert set(cost) == {1, 2, 4, 8} and cost[1] == 1.0

@@ -1,0 +1,130 @@
+"""The client's tree of guesses in the default mode: grown a level at a time, sent whole.
+
+Where the service verifies trees (its Welcome says `trees`) and the stream controller finds that a
+tree of w branches pays (local_draft/stream_controller.py `width`), the stream speculator guesses
+a tree instead of a chain. Each level decodes the open leaves together (the draft model's
+`branch_guesses`: one batch of sequences) and gives each its first choice, and where the drafter
+is unsure of it (its probability below BRANCH_BELOW) its second choice beside it; of the new
+leaves the `width` likeliest paths stay open, so the tree is a beam that splits where the drafter
+hesitates and stays a chain where it does not. A whole tree replaces the one before it at the
+service (wire/protocol.py `Draft`), which follows it through what it commits, so it is sent again
+only when it grew.
+
+As the stream commits tokens the tree is followed from its root: where every committed token
+is a child of the node before it, the subtree below becomes the tree, anchored after them; a
+token no child guessed ends it, and a new one starts after the text. Nodes come parents first
+(level by level), as a Draft's must (wire/draft_tree.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from wire.draft_tree import ROOT
+from wire.limits import MAX_TREE_NODES
+
+# A first choice the drafter gives less than this gets its second choice beside it. The drafter's
+# probability is about its chance of being right (Leviathan et al.: acceptance tracks the draft's
+# confidence), so above this a second branch rarely catches anything; the width caps the rest.
+BRANCH_BELOW = 0.8
+
+
+@dataclass
+class DraftTree:
+    number: int  # the service tells drafts apart by it
+    start: int  # position of the first level's guesses: the received history's length
+    width: int  # most leaves grown together (the stream controller's choice)
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    rank: list[int] = field(default_factory=list)  # 0: the node is its parent's first choice, 1: the second
+    chance: list[float] = field(default_factory=list)  # the drafter's probability of the path to the node
+    open: list[int] = field(default_factory=lambda: [ROOT])  # leaves grown at the next level
+    sent: int = 0  # tokens[:sent] are at the service (the tree is resent whole when it grew)
+    sources: list[str] = field(default_factory=list)  # "model" for every node (as a chain's record)
+
+    @property
+    def levels(self) -> int:
+        """How deep the tree reaches (the chain's length, for a chain)."""
+        return self._depth(len(self.tokens) - 1) if self.tokens else 0
+
+    def _depth(self, node: int) -> int:
+        depth = 0
+        while node != ROOT:
+            node, depth = self.parents[node], depth + 1
+        return depth
+
+    def path(self, node: int) -> tuple[int, ...]:
+        """The guesses from the root down to `node` (ROOT: none)."""
+        out = []
+        while node != ROOT:
+            out.append(self.tokens[node])
+            node = self.parents[node]
+        return tuple(reversed(out))
+
+    def open_paths(self) -> list[tuple[int, ...]]:
+        return [self.path(node) for node in self.open]
+
+    def grow(self, candidates: list[list[tuple[int, float]]], end_ids: frozenset[int]) -> int:
+        """Add a level below the open leaves: `candidates[i]` are the drafter's (token, probability),
+        best first, after open leaf i. Returns the nodes added (0: nothing more to grow)."""
+        born: list[int] = []
+        for leaf, options in zip(self.open, candidates):
+            if not options or len(self.tokens) + 2 > MAX_TREE_NODES:
+                continue
+            base = 1.0 if leaf == ROOT else self.chance[leaf]
+            unsure = self.width > 1 and options[0][1] < BRANCH_BELOW
+            for rank, (token, p) in enumerate(options[:2 if unsure else 1]):
+                self.tokens.append(token)
+                self.parents.append(leaf)
+                self.rank.append(rank)
+                self.chance.append(base * p)
+                self.sources.append("model")
+                born.append(len(self.tokens) - 1)
+        growing = [node for node in born if self.tokens[node] not in end_ids]  # nothing follows an end
+        self.open = sorted(sorted(growing, key=lambda node: -self.chance[node])[:self.width])
+        return len(born)
+
+    def follow(self, committed: list[int]) -> tuple[int, int, int, int]:
+        """Follow committed tokens down from the root. Returns (right, first, alternate, tested):
+        tokens that were a child of the node before them, how many of those were first choices
+        and alternatives, and tokens tested (right, and one more where no child guessed it)."""
+        node, right, first = ROOT, 0, 0
+        children = self._children()
+        for token in committed:
+            kids = children.get(node, [])
+            if not kids:
+                return right, first, right - first, right
+            child = next((kid for kid in kids if self.tokens[kid] == token), None)
+            if child is None:
+                return right, first, right - first, right + 1
+            right, first, node = right + 1, first + (self.rank[child] == 0), child
+        return right, first, right - first, right
+
+    def below(self, right: int, committed: list[int], number: int) -> DraftTree | None:
+        """The subtree below the node that `right` committed tokens reach, as a tree anchored after
+        them (None when it is empty); it keeps `number` if the service holds all of this tree."""
+        node = ROOT
+        children = self._children()
+        for token in committed[:right]:
+            node = next(kid for kid in children[node] if self.tokens[kid] == token)
+        index = {node: ROOT}
+        rest = DraftTree(number if self.sent == len(self.tokens) else -1, self.start + right, self.width, open=[])
+        for i in range(node + 1, len(self.tokens)):
+            if self.parents[i] in index:
+                index[i] = len(rest.tokens)
+                rest.tokens.append(self.tokens[i])
+                rest.parents.append(index[self.parents[i]])
+                rest.rank.append(self.rank[i])
+                rest.chance.append(self.chance[i])
+                rest.sources.append("model")
+        if not rest.tokens:
+            return None
+        rest.open = [index[leaf] for leaf in self.open if leaf in index]
+        rest.sent = len(rest.tokens) if rest.number >= 0 else 0
+        return rest
+
+    def _children(self) -> dict[int, list[int]]:
+        children: dict[int, list[int]] = {}
+        for i, parent in enumerate(self.parents):
+            children.setdefault(parent, []).append(i)
+        return children
