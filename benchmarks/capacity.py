@@ -1,7 +1,7 @@
 """Users on an emulated GPU: the default mode against server-only streams, at 1 to 64 users.
 
     .venv/bin/python -m benchmarks.load --emulate PROFILE [--drafter laptop-gpu-0.5b] [--rtt-ms 14]
-        [--users 1,4,16,32,64] [--modes default,server] [--kinds code,chat,prose,repeat] [--max-tokens 96]
+        [--users 1,4,16,32,64] [--modes default,chain,server] [--kinds code,chat,prose,repeat] [--max-tokens 96]
         [--seconds 3] [--time-scale F] [--json FILE]
     .venv/bin/python -m benchmarks.load --emulate list      # the profiles, one a line
 
@@ -14,10 +14,14 @@ guesses). All users start together and each makes replies of `--max-tokens` toke
 after prompt from its own place in the set, for `--seconds` (emulated); every reply finished is
 checked against the target's recorded path.
 
+`chain` is the default mode with trees off: the chains it drafts where trees do not pay, for
+comparing the two shapes where they do.
+
 Reported per (users, mode), over that window: the aggregate tokens/s (every user's tokens
 committed in the window), each user's tokens/s at p50 and p99 (the slowest 1%), the time to
 the first token at p50 and p99 over the replies started in it, how many users got 20 tokens/s
-or more, the target's passes per token, the device's utilization (its time in passes over the
+or more, the target's passes per token and tokens per pass, the guesses (tree nodes) a pass
+verified, the acceptance by depth, the tree width each user's controller chose, the device's utilization (its time in passes over the
 window: what is not is this machine's own overhead between passes), and the replies that
 differ from the target's path.
 Every figure is emulated and says so (`emulated`: the target profile's name, and the
