@@ -46,7 +46,7 @@ def llamacpp_target(tiny):
     return LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=TINY_THREADS)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def new_llamacpp_target(tiny):
     """new_llamacpp_target(): another tiny target on llama.cpp (a few ms), for a service of a test's
     own: a loaded backend is served by one service at a time (remote_verify/backends/device_owner.py),

@@ -22,8 +22,8 @@ TOKEN = "t0ken"
 
 
 @pytest.fixture(scope="module")
-def service(own_llamacpp_target):
-    running = RunningService(own_llamacpp_target, token=TOKEN)
+def service(new_llamacpp_target):
+    running = RunningService(new_llamacpp_target(), token=TOKEN)
     yield running
     running.close()
 

@@ -20,13 +20,15 @@ SEVENTY_B = [PassCost(tokens=1, ms=18.6), PassCost(tokens=64, ms=18.6 * 1.27)]  
 
 
 @pytest.fixture(scope="module")
-def tree_service(torch_target):
-    """The tiny torch target (tree attention) on the emulated device: passes of PASS_MS."""
+def tree_service(tiny):
+    """The tiny torch target (tree attention) on the emulated device: passes of PASS_MS. A target of
+    its own: `torch_target` is served by `service_on("torch")` (a loaded target has one service)."""
     from benchmarks.emulation.profiles import TargetProfile
     from benchmarks.emulation.target import EmulatedTarget
+    from remote_verify.backends.torch_backend import TorchTarget
 
     profile = TargetProfile(name="tests-stream-trees", pass_points=((1, PASS_MS), (64, PASS_MS * 1.1)))
-    running = RunningService(EmulatedTarget(torch_target, profile))
+    running = RunningService(EmulatedTarget(TorchTarget(tiny.target, device="cpu"), profile))
     yield running
     running.close()
 

@@ -43,8 +43,8 @@ def test_limits_that_cannot_work_are_named():
 
 
 @pytest.fixture(scope="module")
-def limited(own_llamacpp_target):
-    running = RunningService(own_llamacpp_target, limits=SessionLimits(max_draft=8, max_context=64),
+def limited(new_llamacpp_target):
+    running = RunningService(new_llamacpp_target(), limits=SessionLimits(max_draft=8, max_context=64),
                              service_limits=ServiceLimits(max_sessions=2, rate_per_s=4, rate_burst=5,
                                                           max_frame_bytes=8192, retry_after_s=3))
     yield running
@@ -125,8 +125,8 @@ def test_limits_on_draft_context_and_frame_size(limited, close_draft):
 
 
 @pytest.fixture(scope="module")
-def impatient(own_llamacpp_target):
-    running = RunningService(own_llamacpp_target, service_limits=ServiceLimits(idle_timeout_s=1.0))
+def impatient(new_llamacpp_target):
+    running = RunningService(new_llamacpp_target(), service_limits=ServiceLimits(idle_timeout_s=1.0))
     yield running
     running.close()
 

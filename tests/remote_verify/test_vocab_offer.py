@@ -41,8 +41,8 @@ def welcome_of(url: str, draft, token: str | None = None) -> Welcome:
 
 
 @pytest.fixture(scope="module")
-def guarded(own_llamacpp_target):
-    running = RunningService(own_llamacpp_target, token=TOKEN)
+def guarded(new_llamacpp_target):
+    running = RunningService(new_llamacpp_target(), token=TOKEN)
     yield running
     running.close()
 
