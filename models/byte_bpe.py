@@ -9,7 +9,8 @@ control tokens close the list.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+
+from wire.byte_level import byte_to_unicode
 
 BOS_TEXT = "<|begin|>"
 EOS_TEXT = "<|endoftext|>"
@@ -27,24 +28,6 @@ _MERGES = [
     ("re", "turn"), ("Ġ", "return"), ("e", "l"), ("s", "el"), ("sel", "f"), ("Ġ", "self"),
     ("(", "self"), ("Ġ", "x"),
 ]
-
-
-@lru_cache(maxsize=1)
-def byte_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from bytes to printable unicode characters."""
-    printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    chars = printable[:]
-    extra = 0
-    for byte in range(256):
-        if byte not in printable:
-            printable.append(byte)
-            chars.append(256 + extra)
-            extra += 1
-    return dict(zip(printable, map(chr, chars)))
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from wire.byte_level import unicode_to_byte
 from wire.limits import MAX_GRAMMAR_BYTES
 from wire.protocol import Grammar
 
@@ -68,20 +69,10 @@ def available() -> bool:
 
 
 class _Alphabet:
-    """GPT-2's reversible map from bytes to printable characters, inverted (models/byte_bpe.py
-    writes the forward map; wire imports nothing of models, so it is rebuilt here)."""
+    """Token texts in GPT-2's byte-level alphabet (wire/byte_level.py), read back as bytes."""
 
     def __init__(self):
-        printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-                     + list(range(ord("®"), ord("ÿ") + 1)))
-        chars = printable[:]
-        extra = 0
-        for byte in range(256):
-            if byte not in printable:
-                printable.append(byte)
-                chars.append(256 + extra)
-                extra += 1
-        self.byte_of = {chr(c): b for b, c in zip(printable, chars)}
+        self.byte_of = unicode_to_byte()
 
     def decode(self, text: bytes) -> bytes:
         if _SPECIAL_TEXT.fullmatch(text):
