@@ -94,3 +94,22 @@ def service_here(service) -> Iterator[str]:
         yield own.url
     finally:
         own.close()
+
+
+def reseeded_generations(service, hello, loop, prompt: list[int], max_tokens: int) -> Job:
+    """A Job for map_seeds: on a session of its own (`hello`), the loop `loop(client)` makes (a
+    Speculator or StreamSpeculator) re-keyed for each seed, one generation of `max_tokens` each."""
+    from local_draft.verify_client import VerifyClient
+
+    def job(seeds: range) -> list:
+        with service_here(service) as url:
+            client = VerifyClient(url, hello)
+            speculator = loop(client)
+            made = []
+            for seed in seeds:
+                speculator.reseed(seed)  # a seed decides a generation: each sample gets its own
+                made.append(speculator.generate(prompt, max_tokens))
+            client.close()
+        return made
+
+    return job

@@ -48,7 +48,7 @@ from local_draft.verify_client import VerifyClient
 from wire.protocol import SamplingParams
 from wire.sampling import warp
 from tests.conftest import hello_for
-from tests.forked_seeds import map_seeds, service_here
+from tests.forked_seeds import map_seeds, reseeded_generations, service_here
 from tests.statistics import ALPHA, SAMPLES, chi_square_pvalue, detectable_shift
 
 PROMPT_TEXT = "The"
@@ -121,17 +121,9 @@ def test_speculative_samples_follow_the_target_distribution(request, service_on,
     # one more token than tested, so that a round drafted ahead decides the last tested one
     max_tokens = n_tokens + 1 if pipeline else k + 1
 
-    def generations(seeds: range) -> list:
-        with service_here(service) as url:
-            client = VerifyClient(url, hello_for(draft, params, seed=1234))
-            speculator = Speculator(draft, client, params, k=k, seed=1234, pipeline=pipeline)
-            made = []
-            for seed in seeds:
-                speculator.reseed(seed)  # a seed decides a generation: each sample gets its own
-                made.append(speculator.generate(tally.prompt, max_tokens))
-            client.close()
-        return made
-
+    generations = reseeded_generations(
+        service, hello_for(draft, params, seed=1234),
+        lambda client: Speculator(draft, client, params, k=k, seed=1234, pipeline=pipeline), tally.prompt, max_tokens)
     for result in map_seeds(generations, range(CASE_SEEDS[kind], CASE_SEEDS[kind] + SAMPLES)):
         tally.add(result)
     assert tally.pvalue() > ALPHA
@@ -158,17 +150,9 @@ def test_target_mass_the_draft_never_proposes_is_reached(service_on, far_draft):
     p = warp(service.backend.forward(service.backend.new_cache(), tally.prompt, n_logits=1)[0], OUTSIDE_SUPPORT)
     assert np.delete(p, q.ids).sum() > 0.5  # the case is what it claims to be
 
-    def generations(seeds: range) -> list:
-        with service_here(service) as url:
-            client = VerifyClient(url, hello_for(far_draft, OUTSIDE_SUPPORT))
-            speculator = Speculator(far_draft, client, OUTSIDE_SUPPORT, k=1)
-            made = []
-            for seed in seeds:
-                speculator.reseed(seed)
-                made.append(speculator.generate(tally.prompt, 2))
-            client.close()
-        return made
-
+    generations = reseeded_generations(service, hello_for(far_draft, OUTSIDE_SUPPORT),
+                                       lambda client: Speculator(far_draft, client, OUTSIDE_SUPPORT, k=1),
+                                       tally.prompt, 2)
     for result in map_seeds(generations, range(1_000_000, 1_000_000 + OUTSIDE_SAMPLES)):
         tally.add(result)
     assert tally.pvalue() > ALPHA
@@ -188,17 +172,8 @@ def test_a_whole_block_and_its_bonus_follow_the_target(service_on, close_draft):
     service = service_on("torch")
     tally = Tally(service, close_draft, BLOCK, 3)
 
-    def generations(seeds: range) -> list:
-        with service_here(service) as url:
-            client = VerifyClient(url, hello_for(close_draft, BLOCK))
-            speculator = Speculator(close_draft, client, BLOCK, k=2)
-            made = []
-            for seed in seeds:
-                speculator.reseed(seed)
-                made.append(speculator.generate(tally.prompt, 3))
-            client.close()
-        return made
-
+    generations = reseeded_generations(service, hello_for(close_draft, BLOCK),
+                                       lambda client: Speculator(close_draft, client, BLOCK, k=2), tally.prompt, 3)
     bonus = 0
     for result in map_seeds(generations, range(2_000_000, 2_000_000 + BLOCK_SAMPLES)):
         bonus += result.stats.accepted_per_position[1] if len(result.stats.accepted_per_position) > 1 else 0
@@ -289,16 +264,10 @@ def test_seeded_generations_follow_the_target(service_on, close_draft):
     pair = Tally(service, close_draft, SEEDED, 2)
     assert detectable_shift(first.exact, SAMPLES) <= SEEDED_FIRST_TOKEN_POWER  # the power it claims
 
-    def generations(seeds: range) -> list:
-        with service_here(service) as url:
-            client, speculator = _seeded_speculator(url, close_draft)
-            made = []
-            for seed in seeds:
-                speculator.reseed(seed)
-                made.append(speculator.generate(first.prompt, SEEDED_MAX_TOKENS))
-            client.close()
-        return made
-
+    generations = reseeded_generations(
+        service, hello_for(close_draft, SEEDED),
+        lambda client: Speculator(close_draft, client, SEEDED, k=SEEDED_K, pipeline=False), first.prompt,
+        SEEDED_MAX_TOKENS)
     for result in map_seeds(generations, SEEDED_SEEDS):
         first.add(result)
         pair.add(result)

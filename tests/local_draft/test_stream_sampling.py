@@ -34,7 +34,7 @@ from remote_verify import session as session_module
 from remote_verify.session import Session
 from wire.protocol import SamplingParams
 from tests.conftest import hello_for
-from tests.forked_seeds import map_seeds, service_here
+from tests.forked_seeds import map_seeds, reseeded_generations, service_here
 from tests.local_draft.test_sampling_exactness import PROMPT_TEXT, SPECWIRE, Tally
 from tests.statistics import ALPHA, detectable_shift
 
@@ -151,17 +151,10 @@ def _command_tallies(service, draft, seeds: range) -> tuple[Tally, Tally]:
     session re-keyed per seed, as the command's StreamSpeculator makes them."""
     first, pair = Tally(service, draft, PARAMS, 1), Tally(service, draft, PARAMS, 2)
 
-    def generations(share: range) -> list:
-        with service_here(service) as url:
-            client = VerifyClient(url, hello_for(draft, PARAMS, seed=share[0]))
-            speculator = StreamSpeculator(draft, client, PARAMS, seed=share[0], end_ids=draft.end_ids)
-            made = []
-            for seed in share:
-                speculator.reseed(seed)
-                made.append(speculator.generate(first.prompt, TOKENS))
-            client.close()
-        return made
-
+    generations = reseeded_generations(
+        service, hello_for(draft, PARAMS, seed=seeds[0]),
+        lambda client: StreamSpeculator(draft, client, PARAMS, seed=seeds[0], end_ids=draft.end_ids), first.prompt,
+        TOKENS)
     for result in map_seeds(generations, seeds):
         first.add(result)
         pair.add(result)
