@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from wire.protocol import SparseDist
+from wire.sampling import draw_index
 from wire.randomness import Decision
 
 Draw = Callable[[int, Decision], np.random.Generator]  # (block position, what) -> its generator
@@ -34,7 +35,7 @@ def accept_greedy(target_argmax: Sequence[int], draft: Sequence[int]) -> tuple[i
 
 
 def accept_sampled(
-    target_probs: np.ndarray,  # (k+1, V) warped target distributions p_0 .. p_k
+    target_probs: Sequence[np.ndarray],  # (k+1, V) warped target distributions p_0 .. p_k, read in order
     draft: Sequence[int],  # (k,) tokens sampled from the draft distributions
     draft_dists: Sequence[SparseDist],  # (k,) the draft distributions q_0 .. q_{k-1}
     draw: Draw,
@@ -51,11 +52,11 @@ def accept_sampled(
         total = residual.sum()
         if total <= 0.0:  # p == q up to rounding: the residual is empty, fall back to p
             residual, total = p, p.sum()
-        return i, int(draw(i, Decision.TOKEN).choice(residual.shape[0], p=residual / total))
+        return i, draw_index(draw(i, Decision.TOKEN), residual)
     # all accepted: the bonus token comes from the target's next distribution
     k = len(draft)
     bonus = target_probs[k]
-    return k, int(draw(k, Decision.TOKEN).choice(bonus.shape[0], p=bonus / bonus.sum()))
+    return k, draw_index(draw(k, Decision.TOKEN), bonus)
 
 
 def _dense(dist: SparseDist, vocab_size: int) -> np.ndarray:

@@ -170,7 +170,8 @@ class Session:
             if self.sampling.greedy:  # result: the (k+1,) argmax ids
                 accepted, token = accept_greedy(result.tolist(), request.draft)
             else:  # result: the (k+1, V) logits
-                target_probs = np.stack([warp(row, self.sampling) for row in result])  # (k+1, V)
+                # warped as acceptance reaches them: a block ends at its first rejection
+                target_probs = _WarpedRows(result, self.sampling)  # (k+1, V)
                 start = history  # the absolute position of draft[0]
                 accepted, token = accept_sampled(target_probs, request.draft, draft_dists,
                                                  lambda i, what: self.randomness.at(start + i, what))
@@ -464,3 +465,15 @@ class Session:
             total = sum(probs)
             checked.append(SparseDist(ids=dist.ids, probs=[p / total for p in probs]))
         return checked
+
+
+class _WarpedRows:
+    """A block's target distributions, row i warped from the logits the first time it is read."""
+
+    def __init__(self, logits: np.ndarray, sampling: SamplingParams):
+        self._logits, self._sampling, self._rows = logits, sampling, {}
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if i not in self._rows:
+            self._rows[i] = warp(self._logits[i], self._sampling)
+        return self._rows[i]

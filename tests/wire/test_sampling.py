@@ -29,3 +29,18 @@ def test_top_p_ties_at_the_cut_keep_the_lowest_token_ids():
     """Four equal tokens (about 0.25 each) and top_p 0.4: the two with the lowest ids are kept."""
     probs = warp(np.array([0, 5, 5, -9, 5, 5], dtype=np.float64), SamplingParams(temperature=1.0, top_p=0.4))
     assert np.flatnonzero(probs).tolist() == [1, 2]
+
+
+def test_a_drawn_index_is_the_one_numpys_choice_draws_for_the_same_generator():
+    """draw_index replaces Generator.choice(n, p=...) in the hot path: a seed must keep deciding the
+    same token, for supports with zeros, ties, one token and a whole vocabulary."""
+    from wire.sampling import draw_index
+
+    shapes = [(1, 0.0), (3, 0.3), (8, 0.5), (512, 0.3), (151_936, 0.9)]
+    for size, zeros in shapes:
+        for seed in range(300 if size < 1000 else 20):
+            weights = np.random.default_rng(seed).random(size) ** 4
+            weights[np.random.default_rng(seed + 1).random(size) < zeros] = 0.0
+            weights[seed % size] += 1e-3  # never all zero
+            expected = np.random.default_rng(seed + 7).choice(size, p=weights / weights.sum())
+            assert draw_index(np.random.default_rng(seed + 7), weights) == expected, (size, seed)
