@@ -30,7 +30,7 @@ PROMPTS = ["def quicksort(arr):", "The quick brown fox", "import numpy as np\n",
            "class Stack:", "SELECT * FROM users WHERE"]
 
 
-def _service(backend):
+def _service(backend, start_timeout_s: float = 60.0):
     """The real service on `backend`, on port 0 in a thread; (its URL, a stop function)."""
     from remote_verify.server import ServiceConfig, VerifyService
 
@@ -39,7 +39,7 @@ def _service(backend):
     thread = threading.Thread(target=lambda: asyncio.run(service.run(
         lambda url: (found.update(url=url), ready.set()), handle_signals=False)), daemon=True)
     thread.start()
-    assert ready.wait(60), "the service did not start"
+    assert ready.wait(start_timeout_s), "the service did not start"
     return found["url"], lambda: (service.stop(), thread.join(10))
 
 
