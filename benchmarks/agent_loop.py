@@ -1,12 +1,12 @@
 """A tool-using agent loop of a dozen steps on the default pair, through `specwire api` and `openai`.
 
-    python -m benchmarks.agent_loop [--steps 12] [--max-tokens 160] [--json results.json]
+    python -m benchmarks.agent_loop [--steps 12] [--steps-per-task 3] [--max-tokens 160] [--json results.json]
 
 Starts `specwire api` on the default pair (Qwen2.5-Coder 0.5B drafting, 1.5B verifying in an
 embedded service, from the model cache), and runs what an agent runs: chat completions with
 `tools` and `tool_choice: auto`, greedy, each call the model makes executed here and its result
-sent back as a `role: tool` message, until the model answers in text; then the next task, until
-`--steps` requests were made. The tools work on a small in-memory project (list the files, read
+sent back as a `role: tool` message, until the model answers in text or the task has had
+`--steps-per-task` requests; then the next task, until `--steps` requests were made. The tools work on a small in-memory project (list the files, read
 one, evaluate arithmetic). Per step it reports the calls made, whether each call's arguments
 validate against its tool's parameters, the reply's tokens, seconds and the guesses kept; at the
 end, the totals, and whether each task's answer holds the expected number.
@@ -98,6 +98,8 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps-per-task", type=int, default=3,
+                        help="a task that has not been answered after this many requests gives way to the next")
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--json", help="write every step's record here")
     args = parser.parse_args()
@@ -112,7 +114,9 @@ def main() -> None:
             if len(steps) >= args.steps:
                 break
             messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
-            while len(steps) < args.steps:
+            for _ in range(args.steps_per_task):
+                if len(steps) >= args.steps:
+                    break
                 began = time.perf_counter()
                 answer = api.chat.completions.create(model="specwire", messages=messages, tools=TOOLS,
                                                      tool_choice="auto", temperature=0, max_tokens=args.max_tokens)
