@@ -1,6 +1,7 @@
 """A tool-using agent loop of a dozen steps on the default pair, through `specwire api` and `openai`.
 
-    python -m benchmarks.agent_loop [--steps 12] [--steps-per-task 3] [--max-tokens 160] [--json results.json]
+    python -m benchmarks.agent_loop [--steps 12] [--steps-per-task 3] [--max-tokens 160]
+        [--json results.json]
 
 Starts `specwire api` on the default pair (Qwen2.5-Coder 0.5B drafting, 1.5B verifying in an
 embedded service, from the model cache), and runs what an agent runs: chat completions with

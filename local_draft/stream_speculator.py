@@ -255,8 +255,8 @@ class StreamSpeculator:
             while True:
                 drafting = (can_draft and (frames > 0 or early) and not cancelled and self.controller.drafting
                             and time.perf_counter() >= pause_until)
-                if (self.guess_forced and self._constraint is not None and can_draft and (frames > 0 or early) and not cancelled
-                        and time.perf_counter() >= pause_until and isinstance(chain, GuessChain)):
+                if (self.guess_forced and self._constraint is not None and can_draft and (frames > 0 or early)
+                        and not cancelled and time.perf_counter() >= pause_until and isinstance(chain, GuessChain)):
                     self._add_forced(history, chain)  # free guesses, whether or not the model drafts now
                 horizon = self.controller.horizon(stats.tokens_per_s) if drafting else 0
                 if isinstance(chain, DraftTree):

@@ -102,7 +102,8 @@ def _tally(service, draft, seeds: range) -> tuple[ReplyTally, int]:
             for seed in share:
                 speculator.reseed(seed)
                 marks: list[str] = []
-                result = speculator.generate(prompt, REPLY_TOKENS + 2, lambda tokens, provenance: marks.extend(provenance))
+                result = speculator.generate(prompt, REPLY_TOKENS + 2,
+                                             lambda tokens, provenance: marks.extend(provenance))
                 made.append((result.token_ids, marks.count("draft")))
             client.close()
         return made
