@@ -47,6 +47,7 @@ class GenerationStats:
     queue_s: float = 0.0  # of service_s: waiting for the device behind other sessions' work
     forward_s: float = 0.0  # of service_s: the target's forward passes
     ahead_drafted: int = 0  # tokens drafted ahead while a verdict was in flight
+    forced_guesses: int = 0  # of those, tokens a grammar forces (guessed without the drafter)
     ahead_used: int = 0  # of those, tokens that went into a later round (the guess was right)
     ahead_s: float = 0.0  # time spent drafting ahead (overlapping round trips)
     syncs: int = 0  # extra round trips that rebuilt the service's copy of the history
@@ -118,6 +119,7 @@ class GenerationStats:
             "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
             "offline": self.offline, "syncs": self.syncs, "round_trips": self.round_trips,
             "ahead_drafted": self.ahead_drafted, "ahead_used": self.ahead_used,
+            "forced_guesses": self.forced_guesses,
             "by_source": {source: counts.as_dict() for source, counts in sorted(self.by_source.items())},
         }
 

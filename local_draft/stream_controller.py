@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from local_draft.decayed_mean import DecayedMean
-from wire.cost_curve import curve_seconds
+from wire.cost_curve import curve_points, interpolate
 from wire.protocol import PassCost
 
 MEMORY = 0.85  # weight of the past per frame: a rate follows a change in the text within ~7 frames
@@ -115,6 +115,8 @@ class StreamController:
         self._token_s = {True: Decayed(), False: Decayed()}  # seconds per committed token, drafting or not
         self._frames = {True: 0, False: 0}
         self._wire_s = Decayed()  # the round trip, less the service's time
+        self._points_of: Sequence[PassCost] | None = None  # the curve self._points was read from
+        self._points: list[tuple[int, float]] = []
         self._slowdown = {True: Decayed(), False: Decayed()}  # a pass's time over the curve's, drafting or not
         self._since_switch = 0  # tokens committed since the decision last changed
         self._shape_s = {False: Decayed(), True: Decayed()}  # seconds per token drafting chains, trees
@@ -181,7 +183,9 @@ class StreamController:
 
     def seconds(self, tokens: int) -> float | None:
         """The service's c(tokens), from its Welcome (None if it did not state it)."""
-        return curve_seconds(self.curve, tokens)
+        if self._points_of is not self.curve:  # read once per curve: the gain asks for dozens of sizes a frame
+            self._points_of, self._points = self.curve, curve_points(self.curve)
+        return interpolate(self._points, tokens)
 
     @property
     def interference(self) -> float:

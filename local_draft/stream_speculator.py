@@ -73,6 +73,7 @@ INTERRUPTED = ("going_away", "lost")  # the stream ended before its end: continu
 MIN_SEND_INTERVAL_S = 0.002  # guesses made faster than this go out together (a service counts frames)
 STOP_POLL_S = 0.05  # waiting for a frame, a stop asked by the user is seen within this
 NGRAM_MIN_MATCH = 2  # shorter matches (a common token) guess badly: not sent in "mixed"
+MAX_FORCED_AHEAD = 32  # a grammar's forced tokens are guessed at most this far ahead (the service's longest block)
 SOURCE_MEMORY = 0.9  # "mixed": the weight of the past in each drafter's record of right guesses
 
 
@@ -117,6 +118,11 @@ class StreamSpeculator:
         self.grammar = grammar  # each generation's output is constrained by it (its start: where that begins)
         self._grammar_at: Grammar | None = None  # the running generation's, with its start
         self._constraint: grammars.TokenConstraint | None = None  # the drafter's copy of it
+        # the constrained text begins this many tokens before the reply: the context's last tokens
+        # are the grammar's already (a call opened in the prompt), and the service checks them
+        self.grammar_lead = 0
+        self.guess_forced = True  # guess the grammar's forced tokens without the drafter (off: benchmarks compare)
+        self._forced_at: tuple[int, int] | None = None  # (chain, position) whose forced tokens were last added
         self.drafting = drafting
         self.ngram = NGramDrafter() if drafting != "model" else None
         self.link = FixedLink(link) if isinstance(link, VerifyClient) else link  # None: offline
@@ -174,7 +180,7 @@ class StreamSpeculator:
         self.controller.new_reply()
         history, new = list(context), []
         self.token_logprobs = []
-        self._constrain_from(len(history))
+        self._constrain_from(len(history) - self.grammar_lead)
         reason = "max_tokens"
         while len(new) < max_tokens:
             if should_stop is not None and should_stop():
@@ -249,6 +255,9 @@ class StreamSpeculator:
             while True:
                 drafting = (can_draft and (frames > 0 or early) and not cancelled and self.controller.drafting
                             and time.perf_counter() >= pause_until)
+                if (self.guess_forced and self._constraint is not None and can_draft and (frames > 0 or early)
+                        and not cancelled and time.perf_counter() >= pause_until and isinstance(chain, GuessChain)):
+                    self._add_forced(history, chain)  # free guesses, whether or not the model drafts now
                 horizon = self.controller.horizon(stats.tokens_per_s) if drafting else 0
                 if isinstance(chain, DraftTree):
                     horizon = min(horizon, MAX_TREE_DEPTH)  # a deeper tree is refused (wire/limits.py)
@@ -447,6 +456,23 @@ class StreamSpeculator:
         chain.tokens.append(token)
         chain.sources.append("model")
         return True
+
+    def _add_forced(self, history: list[int], chain: GuessChain) -> None:
+        """Append the tokens the grammar forces after the chain (its syntax: `{"`, a property's name,
+        `":`): guesses that cost no drafter pass, sent whether or not the controller drafts. Each
+        end of a chain is looked at once."""
+        end = (chain.number, chain.start + len(chain.tokens))
+        if end == self._forced_at or len(chain.tokens) >= MAX_FORCED_AHEAD:
+            return
+        self._forced_at = end
+        if not self._constraint.follow((history + chain.tokens)[self._grammar_at.start:]):
+            return  # the chain left the grammar (an n-gram guess): the service will refuse it anyway
+        forced = self._constraint.forced()[: MAX_FORCED_AHEAD - len(chain.tokens)]
+        if forced:
+            chain.tokens += forced
+            chain.sources += ["model"] * len(forced)
+            self.stats.ahead_drafted += len(forced)
+            self.stats.forced_guesses += len(forced)
 
     def _grow(self, client: VerifyClient, history: list[int], tree: DraftTree) -> bool:
         """Add a level to the tree, its open branches decoded together; False when none is open."""

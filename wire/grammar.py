@@ -27,10 +27,13 @@ from wire.byte_level import unicode_to_byte
 from wire.limits import MAX_GRAMMAR_BYTES
 from wire.protocol import Grammar
 
-KINDS = ("json_schema", "json_object")
+KINDS = ("json_schema", "json_object", "tool_calls")
 # JSON without optional whitespace: what a model may emit is then a function of the values
 # alone (flexible whitespace lets a small model pad forever, each newline a legal token)
 JSON_OPTIONS = {"whitespace_flexible": False}
+# "tool_calls": free text, in which each call is written as the Hermes chat templates (Qwen's)
+# ask, between these tags, its JSON valid under the grammar's schema
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _SPECIAL_TEXT = re.compile(rb"<\|[^|]*\|>|\[PAD\d+\]")  # control tokens (<|im_end|>) and unnamed ids
 
 
@@ -46,13 +49,13 @@ def grammar_problems(grammar: Grammar) -> list[str]:
     if len(grammar.schema.encode("utf-8")) > MAX_GRAMMAR_BYTES:
         found.append(f"the schema takes {len(grammar.schema.encode('utf-8')):,} bytes: at most "
                      f"{MAX_GRAMMAR_BYTES:,} are accepted")
-    elif grammar.kind == "json_schema":
+    elif grammar.kind in ("json_schema", "tool_calls"):
         try:
             schema = json.loads(grammar.schema)
         except ValueError as exc:
             found.append(f"the schema is not JSON: {exc}")
         else:
-            if not isinstance(schema, (dict, bool)):
+            if not isinstance(schema, dict if grammar.kind == "tool_calls" else (dict, bool)):
                 found.append("the schema must be a JSON object")
     if grammar.start < 0:
         found.append(f"grammar start must be a position (0 or more), got {grammar.start}")
@@ -166,11 +169,28 @@ def grammar_text(grammar: Grammar) -> str:
     """The grammar in llguidance's own form."""
     import llguidance
 
-    schema = json.loads(grammar.schema) if grammar.kind == "json_schema" else {"type": "object"}
+    schema = json.loads(grammar.schema) if grammar.kind != "json_object" else {"type": "object"}
     try:
+        if grammar.kind == "tool_calls":
+            return llguidance.grammar_from("lark", tool_calls_lark(schema))
         return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
     except ValueError as exc:
         raise GrammarError(f"the schema cannot be compiled: {exc}") from exc
+
+
+def tool_calls_lark(call_schema: dict) -> str:
+    """Free text in which every CALL_OPEN starts a call: its JSON valid under `call_schema`, then
+    CALL_CLOSE (a newline allowed on either side, as the templates write it). The text before a
+    call is one lexeme that ends at the first CALL_OPEN, and the text after the last call one that
+    never contains it: llguidance's lexer is greedy, so where a call starts must be the end of a
+    lexeme, never a choice it would have to take back."""
+    schema = json.dumps({**call_schema, "x-guidance": JSON_OPTIONS})
+    return "\n".join([
+        "start: (BEFORE_CALL call)* TEXT",
+        f'call: "\\n"? %json {schema} "\\n"? "{CALL_CLOSE}"',
+        f"BEFORE_CALL: /(.|\\n)*{CALL_OPEN}/ & ~/(.|\\n)*{CALL_OPEN}(.|\\n)+/",
+        f"TEXT: /(.|\\n)*/ & ~/(.|\\n)*{CALL_OPEN}(.|\\n)*/",
+        ""])
 
 
 class TokenConstraint:
@@ -219,6 +239,16 @@ class TokenConstraint:
         self.followed = []
         self._matcher.consume_tokens(kept)
         self.followed = kept
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar forces next, before any choice (llguidance's fast-forward tokens:
+        the bytes every continuation starts with, tokenized longest-first); empty where a choice
+        comes first. A guess, not a certainty: the target may spell the same bytes with other
+        tokens, and then the service's pick differs from it."""
+        if self._matcher.is_stopped() or self._matcher.is_error():
+            return []
+        forced = [int(token) for token in self._matcher.compute_ff_tokens()]
+        return forced[: forced.index(self.vocab.eos)] if self.vocab.eos in forced else forced  # never its own end
 
     @property
     def complete(self) -> bool:

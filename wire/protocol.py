@@ -136,7 +136,9 @@ class Grammar(msgspec.Struct, frozen=True):
     """A constraint on the tokens a generation may make (wire/grammar.py compiles it).
 
     `kind` "json_schema": the output is one JSON value valid under `schema` (JSON text);
-    "json_object": any JSON object (`schema` unused). The tokens from absolute position
+    "json_object": any JSON object (`schema` unused); "tool_calls": free text in which each
+    call, written between `<tool_call>` and `</tool_call>` as Hermes chat templates ask, is JSON
+    valid under `schema` (wire/grammar.py). The tokens from absolute position
     `start` on are constrained: a stream resumed after a lost connection says where the
     constrained reply began, and the tokens already made since are checked against it.
     """

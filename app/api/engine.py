@@ -217,7 +217,10 @@ class ApiEngine:
 
     def _new_link(self, params: SamplingParams, seed: int | None, on_state: OnState | None) -> ServiceLink:
         hello = self.tokenizer.hello(params, seed=seed, client="specwire api")
-        return ServiceLink(self.url, hello, token=self.models.token, ca_file=self.models.ca_file, on_state=on_state)
+        # the embedded service has a token of its own (app/chat/embedded_service.py); a --server, --token-file's
+        embedded = self.models.embedded and self.connection.service is not None
+        token = self.connection.service.token if embedded else self.models.token
+        return ServiceLink(self.url, hello, token=token, ca_file=self.models.ca_file, on_state=on_state)
 
     def adaptive_memory(self, link: ServiceLink | None, drafter: DraftModel | None) -> ControllerMemory | None:
         """Adaptive k starts from the state saved for this service and drafter, as chat and generate do."""

@@ -113,8 +113,9 @@ class RequestGeneration:
         except ApiError as exc:
             self.emit(Failed(exc))
         except GrammarUnsupported as exc:
-            self.emit(Failed(bad_request(f"`response_format` cannot be applied: {exc}", "response_format",
-                                         "unsupported_parameter")))
+            field = "tool_choice" if self.job.request.tools is not None and self.job.request.tools.grammar() \
+                == self.job.request.grammar else "response_format"
+            self.emit(Failed(bad_request(f"`{field}` cannot be applied: {exc}", field, "unsupported_parameter")))
         except ServiceUnreachable as exc:
             self.emit(Failed(ApiError(503, f"{exc}: the reply stops here", code="service_unavailable",
                                       kind="server_error")))

@@ -149,6 +149,8 @@ def parse_request(kind: str, body: Any) -> CompletionRequest:
                 raise bad_request("`response_format` and a `tool_choice` that forces a call both constrain the "
                                   "reply: send one of them", "response_format", "unsupported_parameter")
             grammar = tools.grammar()
+        elif tools is not None and grammar is None:  # "auto": a call the model starts is held to the tools' schemas
+            grammar = tools.grammar()
         return CompletionRequest(messages=messages, ignored=ignored + message_ignored, grammar=grammar, tools=tools,
                                  logprobs=_chat_logprobs(body), **common)
     return CompletionRequest(prompt=_prompt(body), ignored=ignored, logprobs=_text_logprobs(body), **common)

@@ -8,7 +8,10 @@ templates use, and the model calls as those templates ask:
 
 `tool_choice`:
 - "none": no call is read back (the tools are still shown, as OpenAI does);
-- "auto" (the default with tools): the reply's text is read for calls in that format;
+- "auto" (the default with tools): the reply is free text, read for calls in that format; a
+  call the model starts (`<tool_call>`) is constrained by a grammar (wire/grammar.py's
+  "tool_calls": the text around calls free, each call's JSON valid under the tools' schemas),
+  so a call that is made always names a function and matches its parameters;
 - "required" or a named function: the reply is constrained to one call, by a grammar (a JSON
   schema over the tools' names and their parameters, wire/grammar.py), so the arguments
   always match the function's schema: the reply is then the call's JSON alone.
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.api.errors import bad_request
+from wire.grammar import CALL_OPEN
 from wire.protocol import Grammar
 
 CHOICES = ("none", "auto", "required")
@@ -58,16 +62,20 @@ class Tools:
     def reads_calls(self) -> bool:
         return self.choice != "none"
 
-    def grammar(self) -> Grammar:
-        """The reply as one call: {"name": one of the (chosen) functions, "arguments": its parameters}."""
+    def grammar(self) -> Grammar | None:
+        """The grammar of the reply: under "required" or a named function, one call's JSON, {"name": one
+        of the (chosen) functions, "arguments": its parameters}; under "auto", free text whose calls
+        are such JSON; none under "none"."""
+        if self.choice == "none":
+            return None
         options = [{"type": "object",
                     "properties": {"name": {"const": f["function"]["name"]},
                                    "arguments": f["function"].get("parameters") or {"type": "object"}},
                     "required": ["name", "arguments"], "additionalProperties": False}
                    for f in self.functions
-                   if self.choice == "required" or self.choice == "function:" + f["function"]["name"]]
-        schema = options[0] if len(options) == 1 else {"anyOf": options}
-        return Grammar("json_schema", json.dumps(schema, separators=(",", ":")))
+                   if self.choice in ("auto", "required") or self.choice == "function:" + f["function"]["name"]]
+        schema = json.dumps(options[0] if len(options) == 1 else {"anyOf": options}, separators=(",", ":"))
+        return Grammar("tool_calls" if self.choice == "auto" else "json_schema", schema)
 
     def system_text(self) -> str:
         """The tools as a system message, for a template that takes none."""
@@ -92,7 +100,7 @@ class Tools:
         return content if content.strip() else None, calls
 
 
-CALL_TAG = "<tool_call>"
+CALL_TAG = CALL_OPEN
 
 
 class CallWatch:

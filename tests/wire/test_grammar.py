@@ -89,3 +89,36 @@ def test_the_grammar_travels_in_generate_and_defaults_to_none():
     frame = Generate(seq=1, committed_len=0, append=[1], grammar=Grammar("json_object", start=1))
     assert decode_client_message(encode(frame)) == frame
     assert decode_client_message(encode(Generate(seq=1, committed_len=0))).grammar is None
+
+
+def spell_bytes(vocab, text: str) -> list[int]:
+    """`text` a byte at a time, each byte as the tiny vocabulary writes it (GPT-2's alphabet: a space is Ġ)."""
+    from wire.byte_level import byte_to_unicode
+
+    alphabet = byte_to_unicode()
+    return [vocab.tokens.index(alphabet[b]) for b in text.encode("utf-8")]
+
+
+CALL = {"type": "object", "properties": {"name": {"const": "f"}, "arguments": SCHEMA},
+        "required": ["name", "arguments"], "additionalProperties": False}
+
+
+def test_a_tool_calls_grammar_leaves_text_free_and_holds_each_call_to_its_schema(tiny_vocab):
+    """"tool_calls": any text ends the reply; from <tool_call> on, only the call's JSON, its close tag,
+    then text again (a second call too)."""
+    vocab, grammar_vocab = tiny_vocab
+    constraint = TokenConstraint(Grammar("tool_calls", json.dumps(CALL)), grammar_vocab, [vocab.eos_id])
+    text = spell_bytes(vocab, "Sure, x<y and a <b> tag. ")
+    assert constraint.follow(text) and constraint.complete
+    call = spell_bytes(vocab, '<tool_call>\n{"name":"f","arguments":{"a":true}}\n</tool_call>')
+    assert constraint.follow(text + call + spell_bytes(vocab, " done ") + call) and constraint.complete
+    opened = text + spell_bytes(vocab, '<tool_call>\n{"name":"')
+    assert constraint.follow(opened) and not constraint.complete  # inside a call the reply cannot end
+    assert np.flatnonzero(constraint.allowed(vocab.size)).tolist() == spell_bytes(vocab, "f")
+    assert not constraint.follow(opened + spell_bytes(vocab, 'g'))  # a function the tools do not have
+    assert not TokenConstraint(Grammar("tool_calls", json.dumps(CALL)), grammar_vocab, [vocab.eos_id]).follow(
+        spell_bytes(vocab, '<tool_call>\n{"name":"f","arguments":{"a":1}}'))  # arguments off their schema
+
+
+def test_a_tool_calls_grammar_needs_a_schema_object():
+    assert grammar_problems(Grammar("tool_calls", "[1]")) == ["the schema must be a JSON object"]

@@ -32,6 +32,15 @@ def test_a_forced_call_is_a_grammar_over_the_chosen_functions():
     assert named["properties"]["name"] == {"const": "get_time"}
 
 
+def test_auto_holds_a_started_call_to_every_tools_schema_and_none_holds_nothing():
+    """auto: the "tool_calls" grammar over all the tools' calls; none: no grammar."""
+    auto = parse_tools({"tools": [WEATHER, TIME]}).grammar()
+    assert auto.kind == "tool_calls"
+    assert [option["properties"]["name"]["const"] for option in json.loads(auto.schema)["anyOf"]] == [
+        "get_weather", "get_time"]
+    assert parse_tools({"tools": [WEATHER], "tool_choice": "none"}).grammar() is None
+
+
 def test_calls_are_read_from_hermes_tags_with_the_text_before_them():
     """auto: each <tool_call> block naming a known function is a call; the text before is the content."""
     tools = parse_tools({"tools": [WEATHER]})
