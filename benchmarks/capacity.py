@@ -43,7 +43,7 @@ from app.bench.prompts import PROMPTS
 from app.latency_proxy import LatencyProxy
 from benchmarks.emulation.drafter import EmulatedDraft
 from benchmarks.emulation.profiles import load_drafter_profile, load_target_profile, profile_names
-from benchmarks.emulation.recording import DEFAULT_RECORDING, Recording
+from benchmarks.emulation.recording import DEFAULT_RECORDING, Recording, thinned
 from benchmarks.emulation.serve import start_emulated_service
 from wire.protocol import SamplingParams
 
@@ -224,7 +224,7 @@ def summarize(records: list[UserRecord], window: tuple[float, float], busy_s: fl
 def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float], user_counts: list[int],
                  modes: list[str], kinds: list[str], max_tokens: int, seconds: float, time_scale: float,
                  recording_path: Path = DEFAULT_RECORDING, vocab_path: Path | None = None,
-                 on_record=None) -> list[WaveRecord]:
+                 on_record=None, thin_acceptance: float | None = None) -> list[WaveRecord]:
     """Every (round trip, users, mode) wave; `vocab_path`: the GGUF of the recording's vocabulary
     (default: the default pair's draft)."""
     from local_draft.draft_model import DraftModel
@@ -234,6 +234,9 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
     drafter = load_drafter_profile(drafter_profile)
     recording = Recording.load(recording_path)
     entries = prompt_set(recording, kinds)
+    # the drafters' guesses, thinned to a small drafter's acceptance against a large target (the target's
+    # paths, which the service replays, are the same)
+    guessed = recording if thin_acceptance is None else thinned(recording, thin_acceptance)
     pair = get_pair()
     vocab_path = vocab_path or file_path(pair, pair.draft)
     vocab = DraftModel(vocab_path, vocab_only=True)  # one vocabulary for every user
@@ -246,7 +249,7 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
             proxy.start_in_thread()
             try:
                 for users in user_counts:
-                    drafts = [EmulatedDraft(vocab, drafter, recording, time_scale) for _ in range(users)]
+                    drafts = [EmulatedDraft(vocab, drafter, guessed, time_scale) for _ in range(users)]
                     for mode in modes:
                         records, window, busy = run_wave(proxy.url, mode, users, drafts, entries, max_tokens,
                                                          seconds * time_scale, lambda: _metric(url, BUSY))
