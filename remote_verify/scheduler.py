@@ -47,6 +47,11 @@ Members are planned in turn order, each told what the members before it put in t
 (`PassSoFar`: tokens and expected commits), so that a stream deciding how many draft tokens
 to verify weighs what they cost every member of this pass (remote_verify/stream_drafts.py).
 Every pass's time is recorded against its tokens in the queue's cost curve (`costs`).
+
+Fairness: each member is also told how much more than the plain pass (every member's own tokens,
+no guesses) the pass may cost, by every member's ledger of gains against a plain stream
+(remote_verify/pass_ledger.py); guesses fill only that, so no member pays for another's guesses,
+and a pass carrying a reply's first token costs what the plain pass does.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ import numpy as np
 from remote_verify.backends.target import Pass, run_passes
 from remote_verify.device_priority import lower_this_thread
 from remote_verify.pass_costs import PassCosts
+from remote_verify.pass_ledger import PassLedger
 from remote_verify.stream_drafts import PassSoFar
 from wire.cost_curve import interpolate
 from wire.limits import BATCH_TOKENS
@@ -120,6 +126,8 @@ class Shareable:
     # (piece, rest) for a feed longer than the given tokens: a prefill piece to run in this turn and
     # the work left for the next one; None when it fits. May raise, refusing the request.
     split: Callable[[int], "tuple[Shareable, Any] | None"] | None = None
+    # whether it starts a reply (feeds a prompt, makes a first token): its pass costs what plain streams' would
+    starting: Callable[[], bool] | None = None
 
     def __call__(self) -> Any:
         """Run alone: plan, one pass, finish."""
@@ -202,6 +210,8 @@ class DeviceQueue:
         self._rounds_ahead = 0  # passes of rounds run before the piece due by charge
         self._round_s: float | None = None  # a pass holding no prefill piece takes this long (decayed mean)
         self._piece_memo: dict = {}  # piece limits found while forming the current turn
+        self.ledger = PassLedger()  # each session's gain against a plain stream (fair shared passes)
+        self.fair = True  # guesses fill only what every member's ledger allows (False: the pass's goodput alone)
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name=f"{name}-worker", daemon=True)
         self._thread.start()
@@ -417,6 +427,7 @@ class DeviceQueue:
                 if now - seen > ACTIVE_S and other not in self._waiting:
                     del self._seen[other]
                     self._charged.pop(other, None)
+                    self.ledger.forget(other)
 
     def _take(self, session: Hashable) -> _Item:
         """Pop `session`'s next item (its turn is already out of the line)."""
@@ -474,16 +485,30 @@ class DeviceQueue:
         budget = self.batch_tokens or float("inf")
         # what the members must feed (their last tokens) comes first; the rest of the budget is
         # shared out evenly, so that the members planned first cannot take every guess's place
-        mandatory = sum(self._size(item.work) for item in items)
+        sizes = [self._size(item.work) for item in items]
+        mandatory = sum(sizes)
         so_far = PassSoFar(budget=budget, share=max(0.0, (budget - mandatory) / len(items)))
-        for item in items:
+        plain_s = self.costs.seconds(mandatory) if self.fair and len(items) > 1 else None
+        rooms = [self.ledger.room(item.session, _starting(item.work)) for item in items]
+        gains: list[float | None] = [None] * len(items)  # planned members' expected kept guesses
+        for i, item in enumerate(items):
+            so_far.later_tokens, so_far.later_sessions = sum(sizes[i + 1:]), len(items) - i - 1
+            if plain_s:
+                so_far.plain_s, so_far.own_room = plain_s, rooms[i]
+                so_far.others_room = min([rooms[j] + gain for j, gain in enumerate(gains[:i]) if gain is not None]
+                                         + rooms[i + 1:], default=float("inf"))
             planned, error = _attempt(item.work.plan, so_far)
             if error is not None:  # refused before the pass: the others go on
                 self._hand_back(item, None, error, started)
             else:
                 members.append((item, planned))
                 so_far.add(planned.share, planned.expected)
+                gains[i] = planned.expected - 1.0
         items.clear()
+        if plain_s and members:  # every member's ledger: what it made against what the plain pass would have
+            ratio = (self.costs.seconds(so_far.tokens) or plain_s) / plain_s
+            for member, planned_member in members:
+                self.ledger.after_pass(member.session, planned_member.expected, ratio)
         if members:
             self.passes += 1
             self.shared_items += len(members)
@@ -556,6 +581,14 @@ class DeviceQueue:
                 item.loop.call_soon_threadsafe(_settle, item.future, result, error, queued_s)
         except RuntimeError:  # the event loop has already closed: nobody is waiting
             log.debug("dropped a result for a closed event loop")
+
+
+def _starting(work: Shareable) -> bool:
+    """Whether a member's work starts a reply (its pass must cost what the plain pass does)."""
+    try:
+        return work.starting is not None and bool(work.starting())
+    except Exception:  # a request its plan will refuse
+        return False
 
 
 def _attempt(work: Callable, *args) -> tuple[Any, BaseException | None]:

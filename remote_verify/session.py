@@ -145,7 +145,8 @@ class Session:
 
             return Planned(Pass(self.cache, feed, 1, argmax_only=True), finish, self._undo)
 
-        return Shareable(self.backend, plan, lambda: min(limit, len(self.committed) - 1 - self.cached_len))
+        return Shareable(self.backend, plan, lambda: min(limit, len(self.committed) - 1 - self.cached_len),
+                         starting=lambda: True)  # a prompt's piece: the reply's first token waits for it
 
     def ensure_cache(self) -> None:
         """Allocate the KV cache if it is not yet (SessionError sessions_full when there is no memory)."""
@@ -273,7 +274,8 @@ class Session:
         def tokens() -> int:  # what the pass must feed, for the queue's token budget: guesses fill what is left
             return len(self.committed) - self.cached_len
 
-        work = Shareable(self.backend, partial(self._plan_stream_pass, drafts, stop_ids, room, costs), tokens)
+        work = Shareable(self.backend, partial(self._plan_stream_pass, drafts, stop_ids, room, costs), tokens,
+                         starting=lambda: tokens() > 1)  # a new prompt (or a Sync's history) before its first token
         work.split = partial(self._split_stream, work)
         return work
 
