@@ -4,7 +4,7 @@ A shared pass costs c(its tokens). As plain streams (one token each, no guesses)
 members would have run a pass of c(their own tokens): the plain pass. Guesses make the pass
 cost r = c(actual) / c(plain) times that, so every member waits r times as long for its
 pass; a member that expects to commit 1 + g tokens (g: its kept guesses) made 1 + g in the
-time a plain stream made r. Its ledger keeps the difference, 1 + g - r, as a decayed sum
+time a plain stream made r. Its ledger keeps the difference, made - r, as a decayed sum
 (MEMORY per pass: about fifty passes): positive, it is ahead of a plain stream; negative, behind.
 
 Before a pass is formed, each member's room is how much more than the plain pass it may
@@ -15,12 +15,15 @@ every other member's room and within its own room plus what its own guesses expe
 -SLACK_TOKENS, so it loses at most (1 - MEMORY) x SLACK_TOKENS tokens a pass against a plain
 stream: 2%.
 
-A member starting a reply (its pass feeds a prompt and makes the first token) has a small room
-of its own, FIRST_TOKEN_ROOM: the pass that carries a first token costs at most that much over
-the plain pass, whatever others guess. (No room at all left most passes at 32 users without
-guesses, since nearly every pass carries some reply's first token: on the emulated 70B target,
-1.24x server-only's aggregate against 1.86x.) Its place in a pass is never taken by guesses:
-the queue fits members by the tokens they must feed, and guesses fill what is left.
+A member starting a reply (its pass feeds a prompt and makes the first token) starts even: its
+room is SLACK_TOKENS, whatever its ledger from earlier replies, so the pass that carries a first
+token costs at most twice the plain pass. (A tighter room for first tokens, 1.2x, bound nearly
+every pass at 64 users, where some reply starts in almost every pass: guesses all but stopped.)
+Its place in a pass is never taken by guesses: the queue fits members by the tokens they must
+feed, and guesses fill what is left.
+
+What a member made is counted where its pass says (a stream's: the tokens it committed), else
+what it expected; an acceptance estimate that runs high would otherwise hide a deficit.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Hashable
 MEMORY = 0.98  # weight of the past per pass: about fifty passes
 SLACK_TOKENS = 1.0  # the deficit a member may run: (1 - MEMORY) x this a pass at most, 2%
 BANK_TOKENS = 2.0  # gains counted towards a member's room at most
-FIRST_TOKEN_ROOM = 0.2  # a pass carrying a reply's first token costs at most 1.2x the plain pass
+FIRST_TOKEN_ROOM = SLACK_TOKENS  # a reply's first member starts even: its pass costs at most 2x the plain one
 
 
 class PassLedger:
@@ -45,9 +48,9 @@ class PassLedger:
             return FIRST_TOKEN_ROOM
         return min(self._owed.get(session, 0.0), BANK_TOKENS) + SLACK_TOKENS
 
-    def after_pass(self, session: Hashable, expected: float, ratio: float) -> None:
-        """A pass that cost `ratio` times its plain pass, in which `session` expected `expected` tokens."""
-        self._owed[session] = self._owed.get(session, 0.0) * MEMORY + expected - ratio
+    def after_pass(self, session: Hashable, made: float, ratio: float) -> None:
+        """A pass that cost `ratio` times its plain pass, in which `session` made `made` tokens."""
+        self._owed[session] = self._owed.get(session, 0.0) * MEMORY + made - ratio
 
     def owed(self, session: Hashable) -> float:
         return self._owed.get(session, 0.0)

@@ -113,6 +113,9 @@ class Planned:
     finish: Callable[[np.ndarray, float], Any]  # (its result, the pass's seconds) -> the item's result
     undo: Callable[[], None]  # put its cache back as it was before the pass (a failed pass is retried)
     expected: float = 1.0  # tokens it expects to commit (a stream's guesses, weighed by their acceptance)
+    # what it committed, appended by `finish` where it knows (a stream's pass): its ledger counts that, not
+    # `expected` (shared by copies of the Planned, which a stream's wrapper makes)
+    made: list = field(default_factory=list)
 
 
 @dataclass
@@ -505,10 +508,7 @@ class DeviceQueue:
                 so_far.add(planned.share, planned.expected)
                 gains[i] = planned.expected - 1.0
         items.clear()
-        if plain_s and members:  # every member's ledger: what it made against what the plain pass would have
-            ratio = (self.costs.seconds(so_far.tokens) or plain_s) / plain_s
-            for member, planned_member in members:
-                self.ledger.after_pass(member.session, planned_member.expected, ratio)
+        ratio = (self.costs.seconds(so_far.tokens) or plain_s) / plain_s if plain_s and members else None
         if members:
             self.passes += 1
             self.shared_items += len(members)
@@ -526,9 +526,12 @@ class DeviceQueue:
                 self._time_pieces(members, forward_s)
                 for (item, planned), result in zip(members, results):
                     value, error = _attempt(planned.finish, result, forward_s)
+                    if ratio is not None:  # its ledger: what it made against what the plain pass would have
+                        self.ledger.after_pass(item.session, planned.made[-1] if planned.made else planned.expected,
+                                               ratio)
                     self._hand_back(item, value, error, started)
         members.clear()
-        del items, members, item, planned, error, results, result, value, forward_s
+        del items, members, item, planned, error, results, result, value, forward_s, ratio
 
     def _time_pieces(self, members: list[tuple[_Item, Planned]], forward_s: float) -> None:
         """Keep what a pass of rounds takes, and what each prefill piece in this pass took."""
