@@ -227,7 +227,7 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
                  modes: list[str], kinds: list[str], max_tokens: int, seconds: float, time_scale: float,
                  recording_path: Path = DEFAULT_RECORDING, vocab_path: Path | None = None,
                  on_record=None, thin_acceptance: float | None = None, level=None,
-                 on_served=None, unfair: bool = False) -> list[WaveRecord]:
+                 on_served=None, fair: bool = False) -> list[WaveRecord]:
     """Every (round trip, users, mode) wave; `vocab_path`: the GGUF of the recording's vocabulary
     (default: the default pair's draft). With `level` (a service_level.ServiceLevel), instead, per
     round trip and mode, the users served at that level, by a search over user counts from the
@@ -247,7 +247,7 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
     vocab = DraftModel(vocab_path, vocab_only=True)  # one vocabulary for every user
     service, url = start_emulated_service(target_profile, "--replay", str(recording_path), "--vocab", str(vocab_path),
                                           "--time-scale", str(time_scale), "--max-sessions", str(max(user_counts)),
-                                          *(("--unfair-passes",) if unfair else ()))
+                                          *(("--fair-passes",) if fair else ()))
     results = []
     what_if = "what-if" in load_target_profile(target_profile).description.lower()
     try:
@@ -260,8 +260,8 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
                 records, window, busy = run_wave(proxy.url, mode, users, drafts, entries, max_tokens,
                                                  seconds * time_scale, lambda: _metric(url, BUSY))
                 label = target_profile if mode == "server" else f"{target_profile} + {drafter_profile}"
-                if unfair and mode != "server":
-                    label += " (unfair passes)"
+                if fair and mode != "server":
+                    label += " (fair passes)"
                 if thin_acceptance is not None and mode != "server":
                     label += f" (guesses thinned to {thin_acceptance:g})"
                 label = f"{label} (what-if)" if what_if else label
@@ -365,9 +365,9 @@ def add_arguments(parser) -> None:
     group.add_argument("--thin-acceptance", type=float, metavar="A",
                        help="with --emulate: the drafters' guesses thinned so that a first guess is right A of the "
                        "time (a small drafter against a much larger target; the target's paths are the same)")
-    group.add_argument("--unfair-passes", action="store_true",
-                       help="with --emulate: the service takes guesses by the pass's goodput alone (before fair "
-                       "shared passes), for comparing")
+    group.add_argument("--fair-passes", action="store_true",
+                       help="with --emulate: the service's --fair-passes (guesses only as every member's ledger "
+                       "allows)")
     group.add_argument("--capacity", action="store_true",
                        help="with --emulate: instead of every count in --users, the users served at the service "
                        "level per round trip and mode, searched from the first count in --users (doubling, "
@@ -396,7 +396,7 @@ def main_emulated(args) -> None:
                                                      f"{r.user_min_tok_s:.1f}, first token p99 "
                                                      f"{r.first_token_p99_s:.3f} s (emulated)", flush=True),
                            thin_acceptance=args.thin_acceptance, level=level,
-                           on_served=lambda rtt, mode, n: served.append((rtt, mode, n)), unfair=args.unfair_passes)
+                           on_served=lambda rtt, mode, n: served.append((rtt, mode, n)), fair=args.fair_passes)
     print_records(records)
     if level is not None:
         print_served(args.emulate, served, level, users[-1])

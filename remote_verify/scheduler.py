@@ -48,10 +48,11 @@ Members are planned in turn order, each told what the members before it put in t
 to verify weighs what they cost every member of this pass (remote_verify/stream_drafts.py).
 Every pass's time is recorded against its tokens in the queue's cost curve (`costs`).
 
-Fairness: each member is also told how much more than the plain pass (every member's own tokens,
-no guesses) the pass may cost, by every member's ledger of gains against a plain stream
-(remote_verify/pass_ledger.py); guesses fill only that, so no member pays for another's guesses,
-and a pass carrying a reply's first token costs what the plain pass does.
+Fairness (`fair`, off by default: `specwire serve --fair-passes`): each member is also told how
+much more than the plain pass (every member's own tokens, no guesses) the pass may cost, by every
+member's ledger of gains against a plain stream (remote_verify/pass_ledger.py); guesses fill only
+that, so no member pays for another's guesses beyond a small deficit. Whether on or off, a reply's
+first token is never left out of a pass for guesses: members are fitted by the tokens they must feed.
 """
 
 from __future__ import annotations
@@ -214,7 +215,9 @@ class DeviceQueue:
         self._round_s: float | None = None  # a pass holding no prefill piece takes this long (decayed mean)
         self._piece_memo: dict = {}  # piece limits found while forming the current turn
         self.ledger = PassLedger()  # each session's gain against a plain stream (fair shared passes)
-        self.fair = True  # guesses fill only what every member's ledger allows (False: the pass's goodput alone)
+        # guesses fill only what every member's ledger allows (False, the default: the pass's goodput alone;
+        # with the ledger, emulated runs here made less, not fairer: docs/results.md)
+        self.fair = False
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name=f"{name}-worker", daemon=True)
         self._thread.start()
@@ -488,6 +491,8 @@ class DeviceQueue:
         budget = self.batch_tokens or float("inf")
         # what the members must feed (their last tokens) comes first; the rest of the budget is
         # shared out evenly, so that the members planned first cannot take every guess's place
+        if self.fair:  # the members furthest behind plan first: their own guesses count before others' are bounded
+            items.sort(key=lambda each: self.ledger.owed(each.session))
         sizes = [self._size(item.work) for item in items]
         mandatory = sum(sizes)
         so_far = PassSoFar(budget=budget, share=max(0.0, (budget - mandatory) / len(items)))
