@@ -216,7 +216,7 @@ class DeviceQueue:
         self._piece_memo: dict = {}  # piece limits found while forming the current turn
         self.ledger = PassLedger()  # each session's gain against a plain stream (fair shared passes)
         # guesses fill only what every member's ledger allows (False, the default: the pass's goodput alone;
-        # with the ledger, emulated runs here made less, not fairer: docs/results.md)
+        # the ledger cost aggregate on the emulated 70B and 7B, and paid on the 32B: docs/results.md)
         self.fair = False
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name=f"{name}-worker", daemon=True)
