@@ -61,6 +61,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "pass of up to N tokens; 0 runs one session's round a pass (default: %(default)s)")
     serve.add_argument("--no-batch", dest="batch_tokens", action="store_const", const=0,
                        help="one session's round a pass: the same as --batch-tokens 0")
+    serve.add_argument("--fair-passes", action="store_true",
+                       default=env("SPECWIRE_FAIR_PASSES", "") not in ("", "0"),
+                       help="guesses fill a shared pass only as far as every member's ledger against a plain "
+                       "stream allows (each at most about 5%% behind one); off: by the pass's goodput alone")
     serve.add_argument("--max-draft", type=int, default=32, help="longest draft block per round (default: %(default)s)")
     serve.add_argument("--max-context", type=int, default=4096,
                        help="longest history per session (default: %(default)s)")
@@ -177,8 +181,8 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UserError(f"no target model at {target}")
     config = ServiceConfig(host=args.host, port=args.port, token=token, tls=tls,
                            limits=SessionLimits(max_draft=args.max_draft, max_context=args.max_context),
-                           service_limits=limits, batch_tokens=args.batch_tokens, public_metrics=args.public_metrics,
-                           device_nice=args.device_nice)
+                           service_limits=limits, batch_tokens=args.batch_tokens, fair_passes=args.fair_passes,
+                           public_metrics=args.public_metrics, device_nice=args.device_nice)
     service = VerifyService(lambda: load_backend(args.backend, target, device=args.device, threads=args.threads,
                                                  batch_threads=args.batch_threads,
                                                  batch_invariant=args.batch_invariant, torch_static=args.torch_static,

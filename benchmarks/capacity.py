@@ -43,7 +43,8 @@ from app.bench.prompts import PROMPTS
 from app.latency_proxy import LatencyProxy
 from benchmarks.emulation.drafter import EmulatedDraft
 from benchmarks.emulation.profiles import load_drafter_profile, load_target_profile, profile_names
-from benchmarks.emulation.recording import DEFAULT_RECORDING, Recording
+from benchmarks.emulation.recording import DEFAULT_RECORDING, Recording, thinned
+from benchmarks import service_level
 from benchmarks.emulation.serve import start_emulated_service
 from wire.protocol import SamplingParams
 
@@ -84,6 +85,7 @@ class WaveRecord:
     aggregate_tok_s: float
     user_p50_tok_s: float
     user_p99_tok_s: float  # the slowest 1% of users
+    user_min_tok_s: float  # the slowest user
     first_token_p50_s: float
     first_token_p99_s: float
     users_at_20_tok_s: int
@@ -210,7 +212,7 @@ def summarize(records: list[UserRecord], window: tuple[float, float], busy_s: fl
     by_depth = [round(k / b, 3) if b else 0.0 for k, b in zip(kept, before)]
     return WaveRecord(
         users=users, mode=mode, rtt_ms=rtt_ms, emulated=emulated, aggregate_tok_s=sum(rates),
-        user_p50_tok_s=percentile(rates, 50), user_p99_tok_s=percentile(rates, 1),
+        user_p50_tok_s=percentile(rates, 50), user_p99_tok_s=percentile(rates, 1), user_min_tok_s=min(rates, default=0.0),
         first_token_p50_s=percentile(firsts, 50), first_token_p99_s=percentile(firsts, 99),
         users_at_20_tok_s=sum(rate >= USERS_RATE for rate in rates),
         passes_per_token=sum(r.passes for r in records) / max(sum(r.tokens for r in records), 1),
@@ -224,9 +226,12 @@ def summarize(records: list[UserRecord], window: tuple[float, float], busy_s: fl
 def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float], user_counts: list[int],
                  modes: list[str], kinds: list[str], max_tokens: int, seconds: float, time_scale: float,
                  recording_path: Path = DEFAULT_RECORDING, vocab_path: Path | None = None,
-                 on_record=None) -> list[WaveRecord]:
+                 on_record=None, thin_acceptance: float | None = None, level=None,
+                 on_served=None, fair: bool = False) -> list[WaveRecord]:
     """Every (round trip, users, mode) wave; `vocab_path`: the GGUF of the recording's vocabulary
-    (default: the default pair's draft)."""
+    (default: the default pair's draft). With `level` (a service_level.ServiceLevel), instead, per
+    round trip and mode, the users served at that level, by a search over user counts from the
+    first of `user_counts` up to its last (`on_served(rtt, mode, users)` is told each)."""
     from local_draft.draft_model import DraftModel
     from models.registry import file_path, get_pair
 
@@ -234,29 +239,49 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
     drafter = load_drafter_profile(drafter_profile)
     recording = Recording.load(recording_path)
     entries = prompt_set(recording, kinds)
+    # the drafters' guesses, thinned to a small drafter's acceptance against a large target (the target's
+    # paths, which the service replays, are the same)
+    guessed = recording if thin_acceptance is None else thinned(recording, thin_acceptance)
     pair = get_pair()
     vocab_path = vocab_path or file_path(pair, pair.draft)
     vocab = DraftModel(vocab_path, vocab_only=True)  # one vocabulary for every user
     service, url = start_emulated_service(target_profile, "--replay", str(recording_path), "--vocab", str(vocab_path),
-                                          "--time-scale", str(time_scale), "--max-sessions", str(max(user_counts)))
+                                          "--time-scale", str(time_scale), "--max-sessions", str(max(user_counts)),
+                                          *(("--fair-passes",) if fair else ()))
     results = []
+    what_if = "what-if" in load_target_profile(target_profile).description.lower()
     try:
         for rtt in rtts_ms:
             proxy = LatencyProxy(url, rtt_ms=rtt * time_scale)
             proxy.start_in_thread()
+
+            def probe(users: int, mode: str) -> WaveRecord:
+                drafts = [EmulatedDraft(vocab, drafter, guessed, time_scale) for _ in range(users)]
+                records, window, busy = run_wave(proxy.url, mode, users, drafts, entries, max_tokens,
+                                                 seconds * time_scale, lambda: _metric(url, BUSY))
+                label = target_profile if mode == "server" else f"{target_profile} + {drafter_profile}"
+                if fair and mode != "server":
+                    label += " (fair passes)"
+                if thin_acceptance is not None and mode != "server":
+                    label += f" (guesses thinned to {thin_acceptance:g})"
+                label = f"{label} (what-if)" if what_if else label
+                record = summarize(records, window, busy, users, mode, rtt, label, time_scale)
+                results.append(record)
+                if on_record is not None:
+                    on_record(record)
+                return record
+
             try:
-                for users in user_counts:
-                    drafts = [EmulatedDraft(vocab, drafter, recording, time_scale) for _ in range(users)]
+                if level is not None:  # the users served at the level, per mode, by a search over counts
                     for mode in modes:
-                        records, window, busy = run_wave(proxy.url, mode, users, drafts, entries, max_tokens,
-                                                         seconds * time_scale, lambda: _metric(url, BUSY))
-                        label = target_profile if mode == "server" else f"{target_profile} + {drafter_profile}"
-                        label = f"{label} (what-if)" if "what-if" in load_target_profile(target_profile).description.lower() \
-                            else label
-                        record = summarize(records, window, busy, users, mode, rtt, label, time_scale)
-                        results.append(record)
-                        if on_record is not None:
-                            on_record(record)
+                        served, _ = service_level.search(lambda users: probe(users, mode), level,
+                                                         start=user_counts[0], limit=user_counts[-1])
+                        if on_served is not None:
+                            on_served(rtt, mode, served)
+                    continue
+                for users in user_counts:
+                    for mode in modes:
+                        probe(users, mode)
             finally:
                 proxy.stop()
     finally:
@@ -308,6 +333,20 @@ def print_records(records: list[WaveRecord]) -> None:
             print(f"  {r.users} {r.mode}: {error}")
 
 
+def print_served(profile: str, served: list[tuple[float, str, int]], level, limit: int) -> None:
+    print(f"EMULATED: users served at the service level ({level.describe()}), {profile}")
+    print("| emulated | rtt ms | mode | users served |")
+    print("|---|---|---|---|")
+    for rtt, mode, users in served:
+        print(f"| {profile} | {rtt:g} | {mode} | {users}{'+' if users >= limit else ''} |")
+    by_rtt: dict[float, dict[str, int]] = {}
+    for rtt, mode, users in served:
+        by_rtt.setdefault(rtt, {})[mode] = users
+    for rtt, modes in by_rtt.items():
+        if modes.get("server") and "default" in modes:
+            print(f"  {rtt:g} ms: default / server users served x{modes['default'] / modes['server']:.2f}")
+
+
 def add_arguments(parser) -> None:
     group = parser.add_argument_group("emulated device (--emulate)")
     group.add_argument("--emulate", metavar="PROFILE", help="instead: users on an emulated target (a target "
@@ -323,6 +362,20 @@ def add_arguments(parser) -> None:
                        help="with --emulate: the recorded decisions to replay (default: the default pair's)")
     group.add_argument("--vocab", type=Path, help="with --emulate: the GGUF of the recording's vocabulary "
                        "(default: the default pair's draft)")
+    group.add_argument("--thin-acceptance", type=float, metavar="A",
+                       help="with --emulate: the drafters' guesses thinned so that a first guess is right A of the "
+                       "time (a small drafter against a much larger target; the target's paths are the same)")
+    group.add_argument("--fair-passes", action="store_true",
+                       help="with --emulate: the service's --fair-passes (guesses only as every member's ledger "
+                       "allows)")
+    group.add_argument("--capacity", action="store_true",
+                       help="with --emulate: instead of every count in --users, the users served at the service "
+                       "level per round trip and mode, searched from the first count in --users (doubling, "
+                       "then halving the gap twice) up to the last")
+    group.add_argument("--level-tok-s", type=float, default=30.0,
+                       help="with --capacity: every user's tokens/s at least this (default 30)")
+    group.add_argument("--level-first-token-s", type=float, default=1.0,
+                       help="with --capacity: the first token's p99 at most this, in s (default 1)")
     group.add_argument("--time-scale", type=float, default=1.0,
                        help="with --emulate: every emulated duration this many times longer, rates reported back")
 
@@ -332,12 +385,21 @@ def main_emulated(args) -> None:
         for name in profile_names():
             print(name)
         return
+    level = service_level.ServiceLevel(args.level_tok_s, args.level_first_token_s) if args.capacity else None
+    served: list[tuple[float, str, int]] = []
+    users = sorted(int(u) for u in args.users.split(","))
     records = run_capacity(args.emulate, args.drafter, [float(r) for r in args.rtt_ms.split(",")],
-                           [int(u) for u in args.users.split(",")], args.modes.split(","), args.kinds.split(","),
+                           users, args.modes.split(","), args.kinds.split(","),
                            args.max_tokens, args.seconds, args.time_scale, args.recording, args.vocab,
                            on_record=lambda r: print(f"  {r.rtt_ms:g} ms {r.users} users {r.mode}: "
-                                                     f"{r.aggregate_tok_s:.1f} tok/s aggregate (emulated)", flush=True))
+                                                     f"{r.aggregate_tok_s:.1f} tok/s aggregate, slowest user "
+                                                     f"{r.user_min_tok_s:.1f}, first token p99 "
+                                                     f"{r.first_token_p99_s:.3f} s (emulated)", flush=True),
+                           thin_acceptance=args.thin_acceptance, level=level,
+                           on_served=lambda rtt, mode, n: served.append((rtt, mode, n)), fair=args.fair_passes)
     print_records(records)
+    if level is not None:
+        print_served(args.emulate, served, level, users[-1])
     if args.json:
         text = json.dumps([asdict(r) for r in records], indent=1) + "\n"
         if args.json == "-":

@@ -47,6 +47,12 @@ Members are planned in turn order, each told what the members before it put in t
 (`PassSoFar`: tokens and expected commits), so that a stream deciding how many draft tokens
 to verify weighs what they cost every member of this pass (remote_verify/stream_drafts.py).
 Every pass's time is recorded against its tokens in the queue's cost curve (`costs`).
+
+Fairness (`fair`, off by default: `specwire serve --fair-passes`): each member is also told how
+much more than the plain pass (every member's own tokens, no guesses) the pass may cost, by every
+member's ledger of gains against a plain stream (remote_verify/pass_ledger.py); guesses fill only
+that, so no member pays for another's guesses beyond a small deficit. Whether on or off, a reply's
+first token is never left out of a pass for guesses: members are fitted by the tokens they must feed.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ import numpy as np
 from remote_verify.backends.target import Pass, run_passes
 from remote_verify.device_priority import lower_this_thread
 from remote_verify.pass_costs import PassCosts
+from remote_verify.pass_ledger import PassLedger
 from remote_verify.stream_drafts import PassSoFar
 from wire.cost_curve import interpolate
 from wire.limits import BATCH_TOKENS
@@ -107,6 +114,9 @@ class Planned:
     finish: Callable[[np.ndarray, float], Any]  # (its result, the pass's seconds) -> the item's result
     undo: Callable[[], None]  # put its cache back as it was before the pass (a failed pass is retried)
     expected: float = 1.0  # tokens it expects to commit (a stream's guesses, weighed by their acceptance)
+    # what it committed, appended by `finish` where it knows (a stream's pass): its ledger counts that, not
+    # `expected` (shared by copies of the Planned, which a stream's wrapper makes)
+    made: list = field(default_factory=list)
 
 
 @dataclass
@@ -120,6 +130,8 @@ class Shareable:
     # (piece, rest) for a feed longer than the given tokens: a prefill piece to run in this turn and
     # the work left for the next one; None when it fits. May raise, refusing the request.
     split: Callable[[int], "tuple[Shareable, Any] | None"] | None = None
+    # whether it starts a reply (feeds a prompt, makes a first token): its pass costs what plain streams' would
+    starting: Callable[[], bool] | None = None
 
     def __call__(self) -> Any:
         """Run alone: plan, one pass, finish."""
@@ -202,6 +214,10 @@ class DeviceQueue:
         self._rounds_ahead = 0  # passes of rounds run before the piece due by charge
         self._round_s: float | None = None  # a pass holding no prefill piece takes this long (decayed mean)
         self._piece_memo: dict = {}  # piece limits found while forming the current turn
+        self.ledger = PassLedger()  # each session's gain against a plain stream (fair shared passes)
+        # guesses fill only what every member's ledger allows (False, the default: the pass's goodput alone;
+        # the ledger cost aggregate on the emulated 70B and 7B, and paid on the 32B: docs/results.md)
+        self.fair = False
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name=f"{name}-worker", daemon=True)
         self._thread.start()
@@ -417,6 +433,7 @@ class DeviceQueue:
                 if now - seen > ACTIVE_S and other not in self._waiting:
                     del self._seen[other]
                     self._charged.pop(other, None)
+                    self.ledger.forget(other)
 
     def _take(self, session: Hashable) -> _Item:
         """Pop `session`'s next item (its turn is already out of the line)."""
@@ -474,16 +491,29 @@ class DeviceQueue:
         budget = self.batch_tokens or float("inf")
         # what the members must feed (their last tokens) comes first; the rest of the budget is
         # shared out evenly, so that the members planned first cannot take every guess's place
-        mandatory = sum(self._size(item.work) for item in items)
+        if self.fair:  # the members furthest behind plan first: their own guesses count before others' are bounded
+            items.sort(key=lambda each: self.ledger.owed(each.session))
+        sizes = [self._size(item.work) for item in items]
+        mandatory = sum(sizes)
         so_far = PassSoFar(budget=budget, share=max(0.0, (budget - mandatory) / len(items)))
-        for item in items:
+        plain_s = self.costs.seconds(mandatory) if self.fair and len(items) > 1 else None
+        rooms = [self.ledger.room(item.session, _starting(item.work)) for item in items]
+        gains: list[float | None] = [None] * len(items)  # planned members' expected kept guesses
+        for i, item in enumerate(items):
+            so_far.later_tokens, so_far.later_sessions = sum(sizes[i + 1:]), len(items) - i - 1
+            if plain_s:
+                so_far.plain_s, so_far.own_room = plain_s, rooms[i]
+                so_far.others_room = min([rooms[j] + gain for j, gain in enumerate(gains[:i]) if gain is not None]
+                                         + rooms[i + 1:], default=float("inf"))
             planned, error = _attempt(item.work.plan, so_far)
             if error is not None:  # refused before the pass: the others go on
                 self._hand_back(item, None, error, started)
             else:
                 members.append((item, planned))
                 so_far.add(planned.share, planned.expected)
+                gains[i] = planned.expected - 1.0
         items.clear()
+        ratio = (self.costs.seconds(so_far.tokens) or plain_s) / plain_s if plain_s and members else None
         if members:
             self.passes += 1
             self.shared_items += len(members)
@@ -501,9 +531,12 @@ class DeviceQueue:
                 self._time_pieces(members, forward_s)
                 for (item, planned), result in zip(members, results):
                     value, error = _attempt(planned.finish, result, forward_s)
+                    if ratio is not None:  # its ledger: what it made against what the plain pass would have
+                        self.ledger.after_pass(item.session, planned.made[-1] if planned.made else planned.expected,
+                                               ratio)
                     self._hand_back(item, value, error, started)
         members.clear()
-        del items, members, item, planned, error, results, result, value, forward_s
+        del items, members, item, planned, error, results, result, value, forward_s, ratio
 
     def _time_pieces(self, members: list[tuple[_Item, Planned]], forward_s: float) -> None:
         """Keep what a pass of rounds takes, and what each prefill piece in this pass took."""
@@ -556,6 +589,14 @@ class DeviceQueue:
                 item.loop.call_soon_threadsafe(_settle, item.future, result, error, queued_s)
         except RuntimeError:  # the event loop has already closed: nobody is waiting
             log.debug("dropped a result for a closed event loop")
+
+
+def _starting(work: Shareable) -> bool:
+    """Whether a member's work starts a reply (its pass must cost what the plain pass does)."""
+    try:
+        return work.starting is not None and bool(work.starting())
+    except Exception:  # a request its plan will refuse
+        return False
 
 
 def _attempt(work: Callable, *args) -> tuple[Any, BaseException | None]:

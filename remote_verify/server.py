@@ -95,6 +95,7 @@ class ServiceConfig:
     service_limits: ServiceLimits = ServiceLimits()  # per service and connection
     batch_tokens: int = BATCH_TOKENS  # budget of a forward pass shared by sessions; 0: one session a pass
     public_metrics: bool = False  # /metrics without the token (a scraper inside the cluster); else behind it
+    fair_passes: bool = False  # guesses fill a shared pass only as every member's ledger allows (pass_ledger.py)
     device_nice: int = 0  # the device thread's niceness over the event loop's (remote_verify/device_priority.py)
 
 
@@ -122,6 +123,7 @@ class VerifyService:
         self.port: int | None = None  # once listening
         self.metrics = ServiceMetrics()
         self.queue = DeviceQueue("target", config.batch_tokens, nice=config.device_nice)  # one per device
+        self.queue.fair = config.fair_passes
         self.metrics.queue_depth.set_function(lambda: self.queue.depth)
         self.metrics.target_passes.set_function(lambda: self.queue.passes)
         self.metrics.pass_members.set_function(lambda: self.queue.shared_items)

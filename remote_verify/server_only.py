@@ -84,7 +84,7 @@ async def stream_generation(session: Session, request: Generate, queue: DeviceQu
 
             return replace(planned, finish=finish)
 
-        return Shareable(inner.backend, plan, inner.tokens)
+        return Shareable(inner.backend, plan, inner.tokens, starting=inner.starting)
 
     reason = ends(None)
     if reason:

@@ -145,7 +145,8 @@ class Session:
 
             return Planned(Pass(self.cache, feed, 1, argmax_only=True), finish, self._undo)
 
-        return Shareable(self.backend, plan, lambda: min(limit, len(self.committed) - 1 - self.cached_len))
+        return Shareable(self.backend, plan, lambda: min(limit, len(self.committed) - 1 - self.cached_len),
+                         starting=lambda: True)  # a prompt's piece: the reply's first token waits for it
 
     def ensure_cache(self) -> None:
         """Allocate the KV cache if it is not yet (SessionError sessions_full when there is no memory)."""
@@ -274,7 +275,8 @@ class Session:
         def tokens() -> int:  # what the pass must feed, for the queue's token budget: guesses fill what is left
             return len(self.committed) - self.cached_len
 
-        work = Shareable(self.backend, partial(self._plan_stream_pass, drafts, stop_ids, room, costs), tokens)
+        work = Shareable(self.backend, partial(self._plan_stream_pass, drafts, stop_ids, room, costs), tokens,
+                         starting=lambda: tokens() > 1)  # a new prompt (or a Sync's history) before its first token
         work.split = partial(self._split_stream, work)
         return work
 
@@ -319,6 +321,7 @@ class Session:
         else:
             expected = 1.0 + sum(chances[:len(block)])
         tree = None if block.is_chain else block.parents  # a chain runs as it always has: causal
+        outcome: list[int] = []  # what the pass made, once finished
 
         def finish(result: np.ndarray, forward_s: float) -> StreamStep:
             # result: (b + 1,) argmax ids (greedy) or (b + 1, V) logits; row 0 scores `position`
@@ -344,13 +347,14 @@ class Session:
                 else:
                     drafts.after_tree_pass(position, accepted, bool(block.children(path[-1] if path else -1)))
             forward_s, self._prefill_s = forward_s + self._prefill_s, 0.0  # its prefill pieces count as its pass
+            outcome.append(len(made))  # the pass's ledger counts what it made (remote_verify/pass_ledger.py)
             return StreamStep(made, min(accepted, len(made)), len(block), source if block.tokens else "", started,
                               forward_s, so_far.tokens, so_far.sessions, logprobs)
 
         # a grammar masks logits, and log probabilities read them: a greedy pass then returns them, not its argmax
         argmax_only = self.sampling.greedy and self.grammar is None and self.logprobs < 0
         return Planned(Pass(self.cache, unrun + block.tokens, len(block) + 1, argmax_only=argmax_only, tree=tree),
-                       finish, self._undo, expected)
+                       finish, self._undo, expected, outcome)
 
     def _row_logits(self, result: np.ndarray, row: int, before: list[int]) -> np.ndarray:
         """The target's logits (V,) of the pass's row `row`, which continues the committed history by

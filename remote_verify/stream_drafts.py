@@ -65,6 +65,16 @@ class PassSoFar:
     sessions: int = 0
     budget: float = float("inf")  # tokens the whole pass may feed (the queue's batch_tokens)
     share: float = float("inf")  # optional tokens (guesses) each member may add: its even share of the rest
+    # the members planned after this one: the tokens they must feed, and how many they are (a token each)
+    later_tokens: int = 0
+    later_sessions: int = 0
+    # Fairness (remote_verify/pass_ledger.py): `plain_s` is c(every member's own tokens), the pass
+    # as plain streams would run it (None: no constraint); the pass may cost at most 1 + `others_room`
+    # times that by the other members' ledgers, and 1 + `own_room` + this member's expected kept
+    # guesses by its own (its guesses pay for what they add)
+    plain_s: float | None = None
+    others_room: float = float("inf")
+    own_room: float = float("inf")
 
     def add(self, share, expected: float) -> None:
         """A member planned: its share of the pass (a backends.Pass) and the tokens it expects to commit."""
@@ -196,7 +206,7 @@ def best_block(available: int, acceptance: float, seconds, unrun: int, so_far: P
     """How many of `available` guesses the pass verifies (0..available).
 
     The objective is the pass's committed tokens per second of device time, every member's:
-    (so_far.expected + 1 + E[accepted guesses]) / c(so_far.tokens + unrun + b), where the i-th
+    (so_far.expected + later + 1 + E[accepted guesses]) / c(so_far.tokens + unrun + b + later tokens), where the i-th
     guess is kept with probability acceptance**i (each only if the ones before it were) and
     c is the device's measured cost curve (`seconds(n)`, None while unmeasured: then every
     guess is taken). One session alone maximises its own rate; in a shared pass, a guess is
@@ -204,17 +214,29 @@ def best_block(available: int, acceptance: float, seconds, unrun: int, so_far: P
     bound by its arithmetic, and not where a pass costs the same for 1 or 100 tokens.
     `chances[i]`, where given, is the chance that guess i is kept (a tree's: `tree_chances`);
     a tree's first guesses are a tree, so the pass takes a prefix of its nodes.
+
+    Fairness bounds it (`so_far.plain_s`): no block makes the pass cost more over the plain pass
+    than the other members' rooms allow, nor more than this member's own room and its expected
+    kept guesses pay for: a member never runs slower than it would as a plain stream, beyond the
+    small deficit its ledger allows (remote_verify/pass_ledger.py).
     """
     if available <= 0 or seconds(1) is None:
         return max(available, 0)
     best, best_rate = 0, -1.0
     expected, chance = 0.0, 1.0
+    others = so_far.later_tokens
     for b in range(available + 1):
         if b:
             chance = chance * acceptance if chances is None else chances[b - 1]
             expected += chance
-        cost = seconds(so_far.tokens + unrun + b)
-        rate = (so_far.expected + 1.0 + expected) / max(cost, 1e-9)
+        cost = seconds(so_far.tokens + unrun + b + others)
+        if b and so_far.plain_s:
+            extra = cost / so_far.plain_s - 1.0  # what every member's pass costs over the plain one
+            if extra > so_far.others_room + 1e-9:
+                break  # costs only grow with b
+            if extra > so_far.own_room + expected + 1e-9:
+                continue  # its own guesses do not pay for it yet (a longer block may)
+        rate = (so_far.expected + so_far.later_sessions + 1.0 + expected) / max(cost, 1e-9)
         if rate > best_rate * (1 + 1e-9):
             best, best_rate = b, rate
     return best

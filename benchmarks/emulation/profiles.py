@@ -8,7 +8,10 @@ Two kinds:
     `pass_ms`: points (n, ms) of one session's pass of n tokens, interpolated between them
       and continued along the last slope past them;
     `session_ms`: each more session sharing the pass;
-    `context_ms_per_ktoken`: each 1,000 cached tokens of each member (reading its KV cache).
+    `context_ms_per_ktoken`: each 1,000 cached tokens of each member (reading its KV cache);
+    `[[check]]`: the source's own figures the profile must reproduce (within CHECK_TOLERANCE): a
+      pass of `tokens` (default 1) a member for `sessions` members with `context_tokens` cached
+      each takes `ms` by `source` (a serving engine's latency at a concurrency, or a long prompt's).
 - "drafter": `token_ms` per drafted token and `prefill_ms_per_token` for reading a text, and
     `batch_cost`: points (b, x) of decoding b sequences one token each for x times one (a tree's
     level of b branches; interpolated, and continued along the last slope; none: b times one).
@@ -25,6 +28,18 @@ from pathlib import Path
 from wire.cost_curve import interpolate
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
+CHECK_TOLERANCE = 0.15  # how far a profile may miss one of its sources' figures
+
+
+@dataclass(frozen=True)
+class SourceCheck:
+    """A source's figure: `sessions` members of `tokens` each, `context_tokens` cached each, took `ms`."""
+
+    sessions: int
+    context_tokens: int
+    ms: float
+    source: str
+    tokens: int = 1
 
 
 class ProfileError(ValueError):
@@ -40,6 +55,11 @@ class TargetProfile:
     description: str = ""
     measured: bool = False  # written by benchmarks.gpu on a real GPU
     sources: dict = field(default_factory=dict)
+    checks: tuple[SourceCheck, ...] = ()
+
+    def check_ms(self, check: SourceCheck) -> float:
+        """What the profile gives for a source's figure."""
+        return self.pass_ms(check.tokens * check.sessions, check.sessions, check.context_tokens * check.sessions)
 
     def pass_ms(self, tokens: int, sessions: int = 1, context_tokens: int = 0) -> float:
         """c(tokens in the pass, sessions in it, cached tokens of all of them), in ms."""
@@ -102,8 +122,12 @@ def load_profile(name_or_path: str | Path) -> TargetProfile | DrafterProfile:
             points = tuple(sorted((int(n), float(ms)) for n, ms in data["pass_ms"]))
             if not points or any(ms <= 0 for _, ms in points):
                 raise ValueError("pass_ms needs at least one (tokens, ms) point with ms > 0")
+            checks = tuple(SourceCheck(sessions=int(c["sessions"]), context_tokens=int(c["context_tokens"]),
+                                       ms=float(c["ms"]), source=str(c["source"]), tokens=int(c.get("tokens", 1)))
+                           for c in data.get("check", []))
             return TargetProfile(pass_points=points, session_ms=float(data.get("session_ms", 0.0)),
-                                 context_ms_per_ktoken=float(data.get("context_ms_per_ktoken", 0.0)), **common)
+                                 context_ms_per_ktoken=float(data.get("context_ms_per_ktoken", 0.0)), checks=checks,
+                                 **common)
         if kind == "drafter":
             batch = tuple(sorted((int(n), float(x)) for n, x in data.get("batch_cost", [])))
             if any(n < 2 or x < 1.0 for n, x in batch):

@@ -80,3 +80,42 @@ def on_path(entry: Recorded, tokens: list[int]) -> int:
             break
         n += 1
     return n
+
+
+def thinned(recording: Recording, acceptance: float, seed: int = 0) -> Recording:
+    """The recording with the drafter's guesses made worse: each guess that is right (the target's
+    path token) is swapped, at random (seeded), for its second choice (or another token where none
+    was recorded), so that a first guess is right `acceptance` of the time over the whole recording,
+    as it is for a small drafter against a much larger target. The target's paths are untouched:
+    only the drafters read the guesses. A recording already at or below `acceptance` is returned as it is."""
+    import random
+
+    right = sum(g == p for e in recording.entries for g, p in zip(e.guesses, e.path))
+    total = sum(min(len(e.guesses), len(e.path)) for e in recording.entries)
+    if not 0.0 <= acceptance <= 1.0:
+        raise ValueError(f"the acceptance to thin to must be between 0 and 1, got {acceptance}")
+    if not total or right / total <= acceptance:
+        return recording
+    swap = 1.0 - acceptance * total / right  # of the right guesses
+    rng = random.Random(seed)
+    entries = []
+    for entry in recording.entries:
+        guesses, top = list(entry.guesses), [list(map(list, each)) for each in entry.top]
+        for i, (guess, token) in enumerate(zip(entry.guesses, entry.path)):
+            if guess != token or rng.random() >= swap:
+                continue
+            others = [each for each in (top[i] if i < len(top) else []) if each[0] != token]
+            if others:  # the drafter's second choice goes first; the right token stays among the rest
+                top[i] = [others[0]] + [each for each in top[i] if each is not others[0]]
+                guesses[i] = others[0][0]
+            else:
+                guesses[i] = token + 1 if token > 0 else 1
+        entries.append(Recorded(entry.kind, entry.text, entry.prompt, entry.path, guesses, entry.stop, top))
+    about = dict(recording.about, thinned_to=acceptance, thinned_seed=seed)
+    return Recording(entries, about)
+
+
+def first_guess_acceptance(recording: Recording) -> float:
+    """How often the drafter's first guess is the target's token, over every recorded position."""
+    pairs = [(g, p) for e in recording.entries for g, p in zip(e.guesses, e.path)]
+    return sum(g == p for g, p in pairs) / max(len(pairs), 1)

@@ -59,6 +59,9 @@ def main() -> None:
     parser.add_argument("--max-context", type=int, default=4096)
     parser.add_argument("--max-draft", type=int, default=32)
     parser.add_argument("--exit-with-parent", action="store_true")
+    parser.add_argument("--fair-passes", action="store_true",
+                        help="guesses fill a shared pass only as every member's ledger allows (specwire serve "
+                        "--fair-passes)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.exit_with_parent:
@@ -70,6 +73,7 @@ def main() -> None:
                            service_limits=ServiceLimits(max_sessions=args.max_sessions),
                            batch_tokens=args.batch_tokens)
     service = VerifyService(backend, config)
+    service.queue.fair = args.fair_passes
     from prometheus_client import Gauge
 
     Gauge("specwire_emulated_overrun_seconds", "time by which emulated passes outlasted their profile's",

@@ -1,0 +1,125 @@
+"""Fair shared passes: no member pays for another's guesses, and a first token never waits for them.
+
+Two real sessions on the tiny llama.cpp target share a pass through the real queue: one
+streaming with a long chain of likely guesses, the other a plain stream (no guesses) or a
+reply's first token. The queue's cost curve is set to a compute-bound device's (each token
+costs: c(n) = 2 + n ms), where guesses make a pass slower for every member in it. Each case is
+also run with fairness off (the pass's goodput alone), the bug the ledger fixes: there the
+guesses are taken and the check fails."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from remote_verify.pass_costs import PassCosts
+from remote_verify.pass_ledger import FIRST_TOKEN_ROOM, SLACK_TOKENS
+from remote_verify.scheduler import DeviceQueue
+from remote_verify.session import Session, SessionLimits
+from remote_verify.stream_drafts import StreamDrafts
+from wire.protocol import Draft, Generate, SamplingParams
+
+
+class Recorded:
+    """The real target, recording the tokens each shared pass fed (every other call passes through)."""
+
+    def __init__(self, target):
+        self.target = target
+        self.passes: list[int] = []
+
+    def forward_many(self, passes):
+        self.passes.append(sum(len(p.tokens) for p in passes))
+        return self.target.forward_many(passes)
+
+    def __getattr__(self, name):
+        return getattr(self.target, name)
+
+
+def compute_bound() -> PassCosts:
+    costs = PassCosts()
+    for n in (1, 2, 4, 8, 16, 32):
+        costs.observe(n, (2 + n) / 1000)
+    return costs
+
+
+def guessing_stream(backend, costs: PassCosts) -> tuple[Session, object]:
+    """A stream one token in, with 12 guesses of a chain right 99% of the time so far."""
+    session = Session(backend, SamplingParams(), seed=1, limits=SessionLimits())
+    session.start_generation(Generate(seq=1, committed_len=0, append=[1, 2, 3]))
+    session.generate_step()
+    drafts = StreamDrafts(seq=1)
+    drafts._accepted, drafts._tested = 99.0, 100.0
+    drafts.receive(Draft(seq=1, chain=1, start=len(session.committed), tokens=list(range(5, 17))))
+    return session, session.stream_work(drafts, room=100, costs=costs)  # priced by the queue's curve
+
+
+def one_shared_pass(backend, fair: bool, other: str, behind: bool) -> tuple[int, int]:
+    """(tokens the shared pass fed, the tokens its members had to feed) for the guessing stream and
+    `other` ("plain": a stream one token in, no guesses; "first": a reply's prompt and first token)."""
+    costs = compute_bound()
+    queue = DeviceQueue("fair-test", costs=costs)
+    queue.fair = fair
+    guesser, guessing = guessing_stream(backend, costs)
+    plain = Session(backend, SamplingParams(), seed=2, limits=SessionLimits())
+    plain.start_generation(Generate(seq=1, committed_len=0, append=[4, 5, 6, 7]))
+    if other == "plain":
+        plain.generate_step()
+    work = plain.stream_work()
+    mandatory = guessing.tokens() + work.tokens()
+    if behind:  # the plain stream already paid for guesses in earlier passes: its ledger is spent
+        for _ in range(3):
+            queue.ledger.after_pass("plain", 1.0, 1.0 + SLACK_TOKENS)
+    gate = threading.Event()
+
+    async def main():
+        held = asyncio.ensure_future(queue.run("holder", lambda: gate.wait(5)))
+        await asyncio.sleep(0.05)
+        jobs = [asyncio.ensure_future(queue.run("guesser", guessing)),
+                asyncio.ensure_future(queue.run("plain", work))]
+        await asyncio.sleep(0.05)
+        gate.set()
+        await held
+        await asyncio.gather(*jobs)
+
+    try:
+        asyncio.run(main())
+    finally:
+        queue.shutdown()
+        guesser.close()
+        plain.close()
+    return backend.passes[-1], mandatory
+
+
+@pytest.fixture()
+def backend(own_llamacpp_target):
+    return Recorded(own_llamacpp_target)
+
+
+def test_guesses_take_only_what_the_other_members_ledgers_allow(backend):
+    """A member that has already run its deficit (its ledger at -SLACK) lets no guess slow its pass:
+    the pass feeds what the members must. Fairness off, the same pass takes the guesses."""
+    fed, mandatory = one_shared_pass(backend, fair=True, other="plain", behind=True)
+    assert fed == mandatory
+    fed_unfair, mandatory = one_shared_pass(backend, fair=False, other="plain", behind=True)
+    assert fed_unfair > mandatory  # planted: the goodput objective alone makes the plain stream pay
+
+
+def test_a_fresh_member_lets_guesses_cost_its_slack_at_most(backend):
+    """A plain stream with an even ledger lets the pass cost at most 1 + SLACK times the plain pass."""
+    costs = compute_bound()
+    fed, mandatory = one_shared_pass(backend, fair=True, other="plain", behind=False)
+    assert fed > mandatory  # guesses do fill the room there is
+    assert costs.seconds(fed) <= (1 + SLACK_TOKENS) * costs.seconds(mandatory) + 1e-9
+
+
+def test_a_first_token_never_waits_for_other_members_guesses(backend):
+    """A reply's prompt and first token share a pass with a guessing stream: the pass costs at most
+    1 + FIRST_TOKEN_ROOM times the plain pass (the guesses that fit are taken). Fairness off, the
+    guesses are taken by the pass's goodput alone and the first token waits for them."""
+    costs = compute_bound()
+    fed, mandatory = one_shared_pass(backend, fair=True, other="first", behind=False)
+    assert mandatory < fed and costs.seconds(fed) <= (1 + FIRST_TOKEN_ROOM) * costs.seconds(mandatory) + 1e-9
+    fed_unfair, mandatory = one_shared_pass(backend, fair=False, other="first", behind=False)
+    assert costs.seconds(fed_unfair) > (1 + FIRST_TOKEN_ROOM) * costs.seconds(mandatory)
