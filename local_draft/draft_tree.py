@@ -30,8 +30,8 @@ from wire.limits import MAX_TREE_NODES
 
 # A first choice the drafter gives less than this gets its alternatives beside it. The drafter's
 # probability is about its chance of being right (Leviathan et al.: acceptance tracks the draft's
-# confidence; the default pair's drafter is right at 0.99 where it says 0.9 or more, at 0.59 below
-# 0.8, where 251 of its 277 misses on the recorded paths are), so above this a branch rarely catches
+# confidence; the default pair's drafter is right at 0.99 where it says 0.9 or more, at 0.60 below
+# 0.8, where 254 of its 277 misses on the recorded paths are), so above this a branch rarely catches
 # anything; the width caps the rest.
 BRANCH_BELOW = 0.8
 # An alternative the drafter gives less than this is not added (of those 277 misses the default
