@@ -22,7 +22,8 @@ and the second equals the other row's pick), clocks keyed by depth (p = 0.04 at 
 tokens then share clocks, a weak correlation), and a refused branch's KV (it changes the third
 token on, after the second pass).
 
-Cost (two cores, load average 20 to 30 from other runs): the case 87 s, the planted bug 21 s.
+Cost on two shared cores: the case 32 s and the planted bug 15 s at a load average of about 14 (87 s
+and 21 s at 20 to 30).
 """
 
 from __future__ import annotations
