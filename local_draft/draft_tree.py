@@ -4,9 +4,14 @@ Where the service verifies trees (its Welcome says `trees`) and the stream contr
 tree of w branches pays (local_draft/stream_controller.py `width`), the stream speculator guesses
 a tree instead of a chain. Each level decodes the open leaves together (the draft model's
 `branch_guesses`: one batch of sequences) and gives each its first choice, and where the drafter
-is unsure of it (its probability below BRANCH_BELOW) its second choice beside it; of the new
-leaves the `width` likeliest paths stay open, so the tree is a beam that splits where the drafter
-hesitates and stays a chain where it does not. A whole tree replaces the one before it at the
+is unsure of it (its probability below BRANCH_BELOW) its alternatives beside it, those it gives
+at least ALTERNATE_ABOVE. The next level grows the `width` likeliest leaves of the whole tree
+(the path's probability, the product of the drafter's along it), wherever they are: the tree
+splits where the drafter hesitates, stays a chain where it does not, and a branch left behind
+grows again once it is likelier than the deepest leaves (SpecExec's best-first choice, a level
+of `width` leaves at a time). That also keeps the tree growing after the stream took a branch
+whose leaves had been left: a tree that could not grow there waited for the stream to pass its
+end, then a round trip for a new one. A whole tree replaces the one before it at the
 service (wire/protocol.py `Draft`), which follows it through what it commits, so it is sent again
 only when it grew.
 
@@ -23,10 +28,19 @@ from dataclasses import dataclass, field
 from wire.draft_tree import ROOT
 from wire.limits import MAX_TREE_NODES
 
-# A first choice the drafter gives less than this gets its second choice beside it. The drafter's
+# A first choice the drafter gives less than this gets its alternatives beside it. The drafter's
 # probability is about its chance of being right (Leviathan et al.: acceptance tracks the draft's
-# confidence), so above this a second branch rarely catches anything; the width caps the rest.
+# confidence; the default pair's drafter is right at 0.99 where it says 0.9 or more, at 0.60 below
+# 0.8, where 254 of its 277 misses on the recorded paths are), so above this a branch rarely catches
+# anything; the width caps the rest.
 BRANCH_BELOW = 0.8
+# An alternative the drafter gives less than this is not added (of those 277 misses the default
+# pair's second choice catches 159 and its third 42; a third choice under 0.05 is seldom the target's).
+ALTERNATE_ABOVE = 0.05
+# A leaf grows beside the likeliest one only while its path is at least this likely against that
+# leaf's: a level of b branches costs the drafter more than one (on a GPU, 8 for 1.6x), and where the
+# drafter is sure a chain's level is the cheapest way deeper, which a stream needs as much as width.
+OPEN_RATIO = 0.1
 
 
 @dataclass
@@ -41,11 +55,13 @@ class DraftTree:
     open: list[int] = field(default_factory=lambda: [ROOT])  # leaves grown at the next level
     sent: int = 0  # tokens[:sent] are at the service (the tree is resent whole when it grew)
     sources: list[str] = field(default_factory=list)  # "model" for every node (as a chain's record)
+    _grown: set = field(default_factory=set)  # nodes (ROOT too) whose children were added
 
     @property
     def levels(self) -> int:
-        """How deep the tree reaches (the chain's length, for a chain)."""
-        return self._depth(len(self.tokens) - 1) if self.tokens else 0
+        """How deep the tree reaches (the chain's length, for a chain): its deepest open leaf's depth
+        (a leaf that is grown next is the deepest there is, or close: nodes come a level at a time)."""
+        return max((self._depth(node) for node in self.open if node != ROOT), default=0) if self.tokens else 0
 
     def _depth(self, node: int) -> int:
         depth = 0
@@ -67,22 +83,32 @@ class DraftTree:
     def grow(self, candidates: list[list[tuple[int, float]]], end_ids: frozenset[int]) -> int:
         """Add a level below the open leaves: `candidates[i]` are the drafter's (token, probability),
         best first, after open leaf i. Returns the nodes added (0: nothing more to grow)."""
-        born: list[int] = []
+        born = 0
         for leaf, options in zip(self.open, candidates):
-            if not options or len(self.tokens) + 2 > MAX_TREE_NODES:
-                continue
+            self._grown.add(leaf)
             base = 1.0 if leaf == ROOT else self.chance[leaf]
             unsure = self.width > 1 and options[0][1] < BRANCH_BELOW
-            for rank, (token, p) in enumerate(options[:2 if unsure else 1]):
+            for rank, (token, p) in enumerate(options if unsure else options[:1]):
+                if len(self.tokens) >= MAX_TREE_NODES or (rank and p < ALTERNATE_ABOVE):
+                    break
                 self.tokens.append(token)
                 self.parents.append(leaf)
                 self.rank.append(rank)
                 self.chance.append(base * p)
                 self.sources.append("model")
-                born.append(len(self.tokens) - 1)
-        growing = [node for node in born if self.tokens[node] not in end_ids]  # nothing follows an end
-        self.open = sorted(sorted(growing, key=lambda node: -self.chance[node])[:self.width])
-        return len(born)
+                born += 1
+        self.open = self._likeliest_leaves(end_ids)
+        return born
+
+    def _likeliest_leaves(self, end_ids: frozenset[int]) -> list[int]:
+        """The `width` likeliest nodes not grown yet (nothing follows an end token), those at least
+        OPEN_RATIO as likely as the first, in node order."""
+        if len(self.tokens) >= MAX_TREE_NODES:
+            return []
+        leaves = [node for node in range(len(self.tokens))
+                  if node not in self._grown and self.tokens[node] not in end_ids]
+        likeliest = sorted(leaves, key=lambda node: -self.chance[node])[:self.width]
+        return sorted(node for node in likeliest if self.chance[node] >= OPEN_RATIO * self.chance[likeliest[0]])
 
     def follow(self, committed: list[int]) -> tuple[int, int, int, int]:
         """Follow committed tokens down from the root. Returns (right, first, alternate, tested):
@@ -100,7 +126,7 @@ class DraftTree:
             right, first, node = right + 1, first + (self.rank[child] == 0), child
         return right, first, right - first, right
 
-    def below(self, right: int, committed: list[int], number: int) -> DraftTree | None:
+    def below(self, right: int, committed: list[int], number: int, end_ids: frozenset[int]) -> DraftTree | None:
         """The subtree below the node that `right` committed tokens reach, as a tree anchored after
         them (None when it is empty); it keeps `number` if the service holds all of this tree."""
         node = ROOT
@@ -119,7 +145,8 @@ class DraftTree:
                 rest.sources.append("model")
         if not rest.tokens:
             return None
-        rest.open = [index[leaf] for leaf in self.open if leaf in index]
+        rest._grown = {index[grown] for grown in self._grown if grown in index}
+        rest.open = rest._likeliest_leaves(end_ids)  # the likeliest of the subtree's leaves, the left ones too
         rest.sent = len(rest.tokens) if rest.number >= 0 else 0
         return rest
 

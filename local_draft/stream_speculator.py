@@ -380,7 +380,7 @@ class StreamSpeculator:
         if right < len(tokens):  # a guess was wrong, or the chain ran out: guess afresh after the new text
             return self._new_chain(len(history))
         if isinstance(chain, DraftTree):
-            below = chain.below(right, tokens, chain.number)
+            below = chain.below(right, tokens, chain.number, self.end_ids)
             if below is None or below.width != self.controller.width:
                 return self._new_chain(len(history))
             if below.number < 0:  # not all of it had gone out: sent afresh

@@ -194,8 +194,9 @@ class EmulatedDraft:
                        clocks_for: Callable[[int], np.ndarray | None]) -> list[list[tuple[int, float]]]:
         """As DraftModel.branch_guesses: each branch's candidates, best first, with probabilities; a
         level costs the profile's step of that many sequences. The replay's candidates are the
-        recorded top guesses along the target's path (only the argmax, sure, where none were
-        recorded); off the path nothing is verified, and the recorded guess stands in."""
+        recorded top guesses at each position of the target's path (only the argmax, sure, where none
+        were recorded); off the path nothing is verified, and the path's candidates at that position
+        stand in."""
         longest = max((len(path) for path in paths), default=0)
         self._check_room(context, longest + 1)
         if self.recording is None:
@@ -220,7 +221,12 @@ class EmulatedDraft:
             at = len(context) + len(path) - len(entry.prompt)
             if at >= len(entry.guesses):
                 out.append([(self.eos_id, 1.0)])
-            elif entry.top and list(context) + list(path) == (entry.prompt + entry.path)[:len(context) + len(path)]:
+            elif entry.top:
+                # On the path: the drafter's own candidates there. Off it (below a guess the target
+                # did not take) nothing is ever verified, but the tree's shape still depends on how
+                # sure the drafter is: the candidates at that position on the path stand in, so an
+                # off-path branch is as sure as the drafter was there (a certain one, 1.0, would
+                # outlive every real branch in the beam and take its place).
                 out.append([(int(token), float(p)) for token, p in entry.top[at]])
             else:
                 out.append([(entry.guesses[at], 1.0)])

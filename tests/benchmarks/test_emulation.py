@@ -159,7 +159,8 @@ def test_an_emulated_drafter_branches_into_the_recorded_top_guesses(tiny, tiny_r
     options = draft.branch_guesses(entry.prompt, paths, SamplingParams(), lambda position: None)
     assert time.perf_counter() - began >= 20.0 * 1.6 / 1000 * 0.95
     assert [(t, pytest.approx(p)) for t, p in options[0]] == [tuple(x) for x in entry.top[1]]
-    assert options[1] == [(entry.guesses[1], 1.0)]  # off the path: the recorded guess stands in
+    # off the path: the path's candidates at that position stand in (as sure as the drafter was there)
+    assert [(t, pytest.approx(p)) for t, p in options[1]] == [tuple(x) for x in entry.top[1]]
 
 
 def test_the_capacity_benchmark_writes_labelled_records(tiny, tiny_recording, tmp_path):
