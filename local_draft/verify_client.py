@@ -57,6 +57,12 @@ SLOWEST_QUEUE_S = 120.0
 # alive, and waited for up to this long while it answers (many clients arriving together, a loaded host).
 SLOWEST_WELCOME_S = 120.0
 CLOSE_TIMEOUT_S = 2.0  # a live service answers a close at once; do not wait on a dead one
+# A link that stalls (no byte moves, nothing is closed) is found out by WebSocket pings: one a
+# second, and a pong missing for this long ends the connection. With the close's own wait that
+# bounds the time to notice a stall at PING_INTERVAL_S + PING_TIMEOUT_S + CLOSE_TIMEOUT_S (5 s). A
+# busy service still answers: its event loop answers pings while the device thread computes.
+PING_INTERVAL_S = 1.0
+PING_TIMEOUT_S = 2.0
 RATE_LIMIT_RETRIES = 3  # a rate-limited request is sent again after the service's hint, this often
 MAX_RETRY_WAIT_S = 5.0  # and never after more than this
 BUSY_STATUSES = (429, 503)  # full, loading or draining: worth retrying, unlike 401 or 403
@@ -171,7 +177,7 @@ class VerifyClient:
             self._ws: ClientConnection = self._exit.enter_context(connect(
                 url, subprotocols=[SUBPROTOCOL], additional_headers=headers, ssl=tls_context(url, ca_file),
                 open_timeout=open_timeout_s, close_timeout=CLOSE_TIMEOUT_S, max_size=max_frame_bytes,
-                compression=None))
+                compression=None, ping_interval=PING_INTERVAL_S, ping_timeout=PING_TIMEOUT_S))
         except InvalidStatus as exc:
             body = exc.response.body.decode("utf-8", "replace").strip() if exc.response.body else ""
             if exc.response.status_code in BUSY_STATUSES:
