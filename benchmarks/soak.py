@@ -333,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("local_draft", "app", "websockets"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # a SIGTERM stops the run as an error would: the replicas, HAProxy and the proxy are stopped too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="specwire-soak-"))
     report = Soak(args, work_dir).run()
     summary = {k: v for k, v in report.items() if k != "samples"}
