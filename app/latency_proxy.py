@@ -67,6 +67,7 @@ class LatencyProxy:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
         self._thread: threading.Thread | None = None
+        self._stopped: asyncio.Event | None = None  # set by stop() (run in a thread)
 
     @property
     def url(self) -> str:
@@ -88,10 +89,12 @@ class LatencyProxy:
         ready = threading.Event()
 
         async def run() -> None:
+            self._stopped = asyncio.Event()
             await self.start()
             ready.set()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._server.serve_forever()
+            await self._stopped.wait()  # after stop_listening(), the open connections go on
 
         self._thread = threading.Thread(target=lambda: asyncio.run(run()), name="latency-proxy", daemon=True)
         self._thread.start()
@@ -100,10 +103,16 @@ class LatencyProxy:
         return self.url
 
     def stop(self) -> None:
-        if self._loop is not None and self._server is not None:
+        if self._loop is not None and self._server is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._server.close)
+            if self._stopped is not None:
+                self._loop.call_soon_threadsafe(self._stopped.set)
         if self._thread is not None:
             self._thread.join(5)
+
+    def stop_listening(self) -> None:
+        """Take no new connection (the port is freed), while the open ones go on: a far end out of reach."""
+        self._loop.call_soon_threadsafe(self._server.close)
 
     # ---- faults on demand (tests; thread-safe) ------------------------------------------
 

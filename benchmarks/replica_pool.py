@@ -87,10 +87,13 @@ class Replica:
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None and self.process.poll() is None else None
 
-    def stop(self, sig: int = signal.SIGKILL, timeout_s: float = 60.0) -> None:
+    def stop(self, sig: int = signal.SIGKILL, timeout_s: float = 60.0, wait: bool = True) -> None:
+        """Send `sig`, and (with `wait`) wait for the process to end, killing it past timeout_s."""
         if self.process is None or self.process.poll() is not None:
             return
         self.process.send_signal(sig)
+        if not wait:
+            return
         try:
             self.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
