@@ -235,12 +235,15 @@ class Soak:
                 for thread in watch:
                     thread.start()
                 self.deadline = self.started + args.minutes * 60
-                clients = [threading.Thread(target=self.client, args=(i, url, drafts[i], prompts, references))
-                           for i in range(args.clients)]
+                clients = [threading.Thread(target=self.client, args=(i, url, drafts[i], prompts, references),
+                                            daemon=True) for i in range(args.clients)]
                 for thread in clients:
                     thread.start()
-                for thread in clients:
-                    thread.join()
+                try:
+                    for thread in clients:
+                        thread.join()
+                finally:
+                    self.deadline = 0.0  # stopped early (SIGTERM): the clients end after their reply
                 wall_s = time.monotonic() - self.started
                 self.stop.set()
                 for thread in watch:
