@@ -45,6 +45,11 @@ class Backoff:
 
 OnState = Callable[[LinkState], None]
 
+# How long a reply waits for a lost service before it goes on offline: another replica behind a
+# load balancer takes the session over well within it (the soak's p99 is under 2 s), and every
+# token it verifies is the target's, where an offline one may not be.
+TAKEOVER_WAIT_S = 3.0
+
 
 class ServiceLink:
     def __init__(self, url: str, hello: Hello, token: str | None = None, ca_file: str | None = None,
