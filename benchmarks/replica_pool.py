@@ -75,6 +75,7 @@ class Replica:
             [SPECWIRE, "serve", "--target", str(self.target), "--port", str(self.port), "--threads", "1",
              "--log-format", "json", *self.extra_args],
             stdout=subprocess.PIPE, stderr=log_file, text=True, start_new_session=True)
+        self.started_at = time.monotonic()  # the new process's age, while it loads too
         log_file.close()
         deadline = time.monotonic() + timeout_s
         line = self.process.stdout.readline()  # the service prints this once it takes sessions

@@ -22,8 +22,9 @@ the load. Reported (and written with --json):
   after it (what the user waits; it includes the new session's rebuild from the history);
   link_down_p99_s: from a link noticing the loss to its new connection;
   the services' RSS and open files every --sample-every seconds; rss_growth: the never-stopped
-  replica's RSS at the end over its RSS after the first minute, minus one; open_files at its
-  start, and after the clients closed;
+  replica's RSS in the last sample under load over its RSS after the first minute, minus one
+  (rss_growth_idle: once the clients have gone); open_files at its start, and after the
+  clients closed;
   errors by kind: the warnings and errors the replicas logged (JSON lines) and the clients',
   planned (a planned fault's) or not.
 """
@@ -283,6 +284,8 @@ class Soak:
         after_minute = next((s for s in mine if s["age_s"] >= 60), mine[0] if mine else None)
         start = next((s for s in mine if s.get("label") == "start"), None)
         end = next((s for s in mine if s.get("label") == "end"), None)
+        loaded = [s for s in mine if not s.get("label")]
+        last_loaded = loaded[-1] if loaded else None  # the last sample while the clients ran
         errors = service_errors + client_kinds + self.client_errors
         unplanned = {kind: n for kind, n in errors.items() if not any(p in kind for p in PLANNED)}
         return {
@@ -302,8 +305,12 @@ class Soak:
             | {"n": len(self.link_down), "max": round(max(self.link_down, default=0.0), 3)},
             "kills": self.kills,
             "rss_mib_after_first_minute": after_minute["rss_mib"] if after_minute else None,
+            "rss_mib_last_under_load": last_loaded["rss_mib"] if last_loaded else None,
             "rss_mib_end": end["rss_mib"] if end else None,
-            "rss_growth": round(end["rss_mib"] / after_minute["rss_mib"] - 1, 4) if end and after_minute else None,
+            # under load, the last sample over the first minute's; and once the clients have gone
+            "rss_growth": (round(last_loaded["rss_mib"] / after_minute["rss_mib"] - 1, 4)
+                           if last_loaded and after_minute else None),
+            "rss_growth_idle": round(end["rss_mib"] / after_minute["rss_mib"] - 1, 4) if end and after_minute else None,
             "open_files_start": start["open_files"] if start else None,
             "open_files_end": end["open_files"] if end else None,
             "errors_by_kind": dict(errors.most_common()),
