@@ -69,3 +69,14 @@ def test_the_packaged_config_is_used_with_this_machines_ports():
     assert "bind 127.0.0.1:9000" in text and text.count("    server replica") == 3
     for kept in ("balance leastconn", "uri /healthz", "option redispatch", "retry-on conn-failure"):
         assert kept in text
+
+
+def test_a_missing_haproxy_fails_saying_how_to_install_it(monkeypatch, tiny):
+    """No haproxy on PATH nor in /usr/sbin: the pool refuses to start, naming the install command
+    (the tests above then fail with it: they never skip)."""
+    import benchmarks.replica_pool as replica_pool
+
+    monkeypatch.setattr(replica_pool.shutil, "which", lambda name: None)
+    monkeypatch.setattr(replica_pool.os, "access", lambda path, mode: False)
+    with pytest.raises(RuntimeError, match=r"apt-get install haproxy.*install\.sh --dev"):
+        ReplicaPool(tiny.target_gguf, 2)
