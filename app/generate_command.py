@@ -101,8 +101,7 @@ def run_generate(args: argparse.Namespace) -> int:
         # a service lost with no model (--draft ngram) ends the run with an error, at once; with
         # one, the reply waits a moment for a replica to take over before it goes on offline
         generator = StreamSpeculator(draft, link, params, seed=seed, max_block=args.k, drafting=how,
-                                     end_ids=draft.end_ids,
-                                     resume_within_s=0.0 if how == "ngram" else TAKEOVER_WAIT_S)
+                                     end_ids=draft.end_ids, takeover_wait_s=TAKEOVER_WAIT_S)
     else:
         generator = Speculator(draft, link, params, k=args.k, seed=seed, pipeline=args.pipeline,
                                drafting=how, end_ids=draft.end_ids)

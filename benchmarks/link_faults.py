@@ -63,7 +63,7 @@ class Mode:
         self.name = name
         self.link = ServiceLink(url, draft.hello(SamplingParams(), client=f"link-faults ({name})"))
         if name == "default":
-            self.generator = StreamSpeculator(draft, self.link, SamplingParams(), resume_within_s=TAKEOVER_WAIT_S)
+            self.generator = StreamSpeculator(draft, self.link, SamplingParams(), takeover_wait_s=TAKEOVER_WAIT_S)
         else:
             self.generator = ServerOnlyGenerator(self.link, draft.end_ids, resume_within_s=30.0)
         self.tokens = 0

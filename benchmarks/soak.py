@@ -112,7 +112,7 @@ class Soak:
         link = None
         try:
             link = ServiceLink(url, draft.hello(SamplingParams(), client=f"soak-{number}"), on_state=on_state)
-            speculator = StreamSpeculator(draft, link, SamplingParams(), resume_within_s=RESUME_WITHIN_S)
+            speculator = StreamSpeculator(draft, link, SamplingParams(), takeover_wait_s=RESUME_WITHIN_S)
             turn = number
             while time.monotonic() < self.deadline:
                 index = turn % len(prompts)

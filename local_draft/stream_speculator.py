@@ -32,7 +32,7 @@ Who guesses is the `drafting` setting: the draft model ("model"), the n-gram cop
 context with no model ("ngram"), or per chain whichever has been right more often ("mixed").
 A lost service is handled as the round-based loop handles it (local_draft/speculator.py):
 the link reconnects (to any replica: the new session is rebuilt from the whole history), and
-for up to `resume_within_s` the stream waits for it; past that the draft model goes on alone,
+for up to `takeover_wait_s` the stream waits for it; past that the draft model goes on alone,
 unverified ("offline"), until the link is back. With no model, the loss is waited for
 (`resume_within_s`), then is an error.
 
@@ -110,7 +110,8 @@ class StreamSpeculator:
 
     def __init__(self, draft: DraftModel | None, link: ServiceLink | VerifyClient | None, params: SamplingParams,
                  seed: int | None = None, max_block: int | None = None, drafting: str = "model",
-                 end_ids: Iterable[int] | None = None, resume_within_s: float = 0.0, colocated: bool | None = None,
+                 end_ids: Iterable[int] | None = None, resume_within_s: float = 0.0, takeover_wait_s: float = 0.0,
+                 colocated: bool | None = None,
                  grammar: Grammar | None = None, logprobs: int = -1, trees: bool = True):
         self.draft, self.end_ids = drafter_and_end_ids(draft, drafting, end_ids)
         self.logprobs = logprobs  # -1: none; n: the target's log probability of each token and its n most likely
@@ -122,9 +123,8 @@ class StreamSpeculator:
         self.ngram = NGramDrafter() if drafting != "model" else None
         self.link = FixedLink(link) if isinstance(link, VerifyClient) else link  # None: offline
         self.params = params
-        # how long a lost service is waited for: without a model, then an error; with one, before
-        # the first offline token of each outage
-        self.resume_within_s = resume_within_s
+        self.resume_within_s = resume_within_s  # with no model: how long a lost service is waited for
+        self.takeover_wait_s = takeover_wait_s  # with one: how long, before the first offline token of an outage
         self._waited_offline = False  # this outage's wait is spent
         self.colocated = colocated  # the service shares this machine's cores; None: by its address (loopback)
         self.allow_trees = trees  # False: chains only, whatever the service verifies (benchmarks compare the two)
@@ -510,7 +510,7 @@ class StreamSpeculator:
         """No service now: one unverified token from the draft model ("more" to go on); with no
         model, wait for the link up to resume_within_s, then ServiceUnreachable."""
         if self.draft is None:
-            if not self._wait_for_link():
+            if not self._wait_for_link(self.resume_within_s):
                 raise ServiceUnreachable(
                     "the verification service is unreachable, and n-gram drafting (--draft ngram) has no "
                     "local model to continue offline" + (f" (waited {self.resume_within_s:g} s for it to "
@@ -520,10 +520,11 @@ class StreamSpeculator:
             # once an outage: a replica behind a load balancer takes the session over in a moment,
             # and every token it verifies is the target's, where an offline one may not be
             self._waited_offline = True
-            if self.resume_within_s > 0 and self._wait_for_link():
+            if self.link is not None and self.takeover_wait_s > 0 and self._wait_for_link(self.takeover_wait_s):
                 return "more"
-            log.warning("no verification service after %.1f s: continuing offline with the local model "
-                        "(unverified tokens, marked)", self.resume_within_s)
+            if self.link is not None:
+                log.warning("no verification service after %.1f s: continuing offline with the local model "
+                            "(unverified tokens, marked)", self.takeover_wait_s)
         began = time.perf_counter()
         try:
             tokens, _ = self.draft.propose(history, 1, self.params, self.rng, cap=None, allowed=self._allowed(history))
@@ -559,9 +560,9 @@ class StreamSpeculator:
         self._client, self._service_history, self._seq = client, [], 0
         self._waited_offline = False
 
-    def _wait_for_link(self) -> bool:
-        """Whether the link has a connection within resume_within_s (polled: it reconnects on its own thread)."""
-        deadline = time.monotonic() + self.resume_within_s
+    def _wait_for_link(self, within_s: float) -> bool:
+        """Whether the link has a connection within `within_s` (polled: it reconnects on its own thread)."""
+        deadline = time.monotonic() + within_s
         while self.link is None or self.link.current() is None:
             if self.link is None or time.monotonic() >= deadline:
                 return False

@@ -69,7 +69,7 @@ def test_a_fault_mid_reply_resumes_on_a_new_connection_with_the_targets_text(pro
     prompt = close_draft.tokenize("def quicksort(arr):")
     try:
         result = StreamSpeculator(close_draft, link, SamplingParams(), max_block=4,
-                                  resume_within_s=10).generate(prompt, TOKENS, on_commit)
+                                  takeover_wait_s=10).generate(prompt, TOKENS, on_commit)
     finally:
         link.close()
     assert struck and link.connections == 2, (struck, link.connections)

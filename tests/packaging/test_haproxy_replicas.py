@@ -52,7 +52,7 @@ def test_a_reply_survives_its_replica_dying_behind_haproxy(pool, close_draft, ll
 
     prompt = close_draft.tokenize("def quicksort(arr):")
     try:
-        speculator = StreamSpeculator(close_draft, link, SamplingParams(), max_block=4, resume_within_s=10)
+        speculator = StreamSpeculator(close_draft, link, SamplingParams(), max_block=4, takeover_wait_s=10)
         result = speculator.generate(prompt, TOKENS, on_commit)
     finally:
         link.close()
