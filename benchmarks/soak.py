@@ -54,7 +54,7 @@ from wire.protocol import SamplingParams
 
 log = logging.getLogger("benchmarks.soak")
 
-RESUME_WITHIN_S = 10.0  # a client waits this long for a replica to take over before going offline
+TAKEOVER_WAIT_S = 10.0  # a client waits this long for a replica to take over before going offline
 # what the planned faults make services and clients log: a kill, a drain, a cut link
 PLANNED = ("is DOWN", "is UP", "shutting down", "lost the verification service", "continuing offline", "did not finish in time",
            "keepalive ping timeout", "no verification service after", "closing N session")
@@ -112,7 +112,7 @@ class Soak:
         link = None
         try:
             link = ServiceLink(url, draft.hello(SamplingParams(), client=f"soak-{number}"), on_state=on_state)
-            speculator = StreamSpeculator(draft, link, SamplingParams(), takeover_wait_s=RESUME_WITHIN_S)
+            speculator = StreamSpeculator(draft, link, SamplingParams(), takeover_wait_s=TAKEOVER_WAIT_S)
             turn = number
             while time.monotonic() < self.deadline:
                 index = turn % len(prompts)
@@ -294,7 +294,7 @@ class Soak:
                        "jitter_ms": args.jitter_ms, "disconnect_every_s": args.disconnect_every, "seed": args.seed,
                        "stall_every_s": args.stall_every, "stall_s": args.stall_s,
                        "bandwidth_kbps": args.bandwidth_kbps,
-                       "models": "tiny (models/tiny.py)", "resume_within_s": RESUME_WITHIN_S},
+                       "models": "tiny (models/tiny.py)", "takeover_wait_s": TAKEOVER_WAIT_S},
             "wall_s": round(wall_s, 1),
             "replies": self.replies, "lost": self.lost, "differing": self.differing,
             "offline_tokens": self.offline_tokens, "tokens_per_s": round(self.tokens / wall_s, 1),
