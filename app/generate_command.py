@@ -59,7 +59,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from local_draft.controller_memory import ControllerMemory
     from local_draft.draft_model import DraftModel, DraftModelError
     from local_draft.server_only import ServerOnlyGenerator
-    from local_draft.service_link import LinkState, ServiceLink
+    from local_draft.service_link import TAKEOVER_WAIT_S, LinkState, ServiceLink
     from local_draft.speculator import Speculator
     from local_draft.stream_speculator import StreamSpeculator
     from local_draft.verify_client import ServiceUnreachable, VerifyError
@@ -98,9 +98,10 @@ def run_generate(args: argparse.Namespace) -> int:
     if mode == "server":
         generator = ServerOnlyGenerator(link, draft.end_ids)
     elif mode == "hybrid":
-        # a service lost with no model (--draft ngram) ends the run with an error, at once
+        # a service lost with no model (--draft ngram) ends the run with an error, at once; with
+        # one, the reply waits a moment for a replica to take over before it goes on offline
         generator = StreamSpeculator(draft, link, params, seed=seed, max_block=args.k, drafting=how,
-                                     end_ids=draft.end_ids)
+                                     end_ids=draft.end_ids, takeover_wait_s=TAKEOVER_WAIT_S)
     else:
         generator = Speculator(draft, link, params, k=args.k, seed=seed, pipeline=args.pipeline,
                                drafting=how, end_ids=draft.end_ids)

@@ -45,6 +45,12 @@ class Backoff:
 
 OnState = Callable[[LinkState], None]
 
+# How long a reply waits for a lost service before it goes on offline: another replica behind a
+# load balancer usually takes the session over within it (benchmarks/soak.py on a loaded 2-core
+# machine: p50 0.7 s, p90 1.7 s, p99 4 s), and every token it verifies is the target's, where an
+# offline one may not be.
+TAKEOVER_WAIT_S = 3.0
+
 
 class ServiceLink:
     def __init__(self, url: str, hello: Hello, token: str | None = None, ca_file: str | None = None,

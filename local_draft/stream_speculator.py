@@ -31,9 +31,10 @@ is the target's own pick. Otherwise, and wherever trees do not pay, the chain is
 Who guesses is the `drafting` setting: the draft model ("model"), the n-gram copy of the
 context with no model ("ngram"), or per chain whichever has been right more often ("mixed").
 A lost service is handled as the round-based loop handles it (local_draft/speculator.py):
-the draft model goes on alone, unverified ("offline"), while the link reconnects; then the
-stream resumes from the whole history on the new connection. With no model, the loss is
-waited for (`resume_within_s`), then is an error.
+the link reconnects (to any replica: the new session is rebuilt from the whole history), and
+for up to `takeover_wait_s` the stream waits for it; past that the draft model goes on alone,
+unverified ("offline"), until the link is back. With no model, the loss is waited for
+(`resume_within_s`), then is an error.
 
 With a grammar (a JSON schema: wire/grammar.py) the Generate carries it and the service masks
 the target's logits with it; the drafter masks its own with the same grammar, so that its
@@ -110,7 +111,8 @@ class StreamSpeculator:
 
     def __init__(self, draft: DraftModel | None, link: ServiceLink | VerifyClient | None, params: SamplingParams,
                  seed: int | None = None, max_block: int | None = None, drafting: str = "model",
-                 end_ids: Iterable[int] | None = None, resume_within_s: float = 0.0, colocated: bool | None = None,
+                 end_ids: Iterable[int] | None = None, resume_within_s: float = 0.0, takeover_wait_s: float = 0.0,
+                 colocated: bool | None = None,
                  grammar: Grammar | None = None, logprobs: int = -1, trees: bool = True):
         self.draft, self.end_ids = drafter_and_end_ids(draft, drafting, end_ids)
         self.logprobs = logprobs  # -1: none; n: the target's log probability of each token and its n most likely
@@ -127,7 +129,9 @@ class StreamSpeculator:
         self.ngram = NGramDrafter() if drafting != "model" else None
         self.link = FixedLink(link) if isinstance(link, VerifyClient) else link  # None: offline
         self.params = params
-        self.resume_within_s = resume_within_s
+        self.resume_within_s = resume_within_s  # with no model: how long a lost service is waited for
+        self.takeover_wait_s = takeover_wait_s  # with one: how long, before the first offline token of an outage
+        self._waited_offline = False  # this outage's wait is spent
         self.colocated = colocated  # the service shares this machine's cores; None: by its address (loopback)
         self.allow_trees = trees  # False: chains only, whatever the service verifies (benchmarks compare the two)
         # The race's clocks are keyed by the session's seed: the drafter needs it to guess, so
@@ -532,15 +536,21 @@ class StreamSpeculator:
         """No service now: one unverified token from the draft model ("more" to go on); with no
         model, wait for the link up to resume_within_s, then ServiceUnreachable."""
         if self.draft is None:
-            deadline = time.monotonic() + self.resume_within_s
-            while self.link is None or self.link.current() is None:
-                if self.link is None or time.monotonic() >= deadline:
-                    raise ServiceUnreachable(
-                        "the verification service is unreachable, and n-gram drafting (--draft ngram) has no "
-                        "local model to continue offline" + (f" (waited {self.resume_within_s:g} s for it to "
-                                                              "come back)" if self.resume_within_s else ""))
-                time.sleep(0.05)
+            if not self._wait_for_link(self.resume_within_s):
+                raise ServiceUnreachable(
+                    "the verification service is unreachable, and n-gram drafting (--draft ngram) has no "
+                    "local model to continue offline" + (f" (waited {self.resume_within_s:g} s for it to "
+                                                          "come back)" if self.resume_within_s else ""))
             return "more"
+        if not self._waited_offline:
+            # once an outage: a replica behind a load balancer takes the session over in a moment,
+            # and every token it verifies is the target's, where an offline one may not be
+            self._waited_offline = True
+            if self.link is not None and self.takeover_wait_s > 0 and self._wait_for_link(self.takeover_wait_s):
+                return "more"
+            if self.link is not None:
+                log.warning("no verification service after %.1f s: continuing offline with the local model "
+                            "(unverified tokens, marked)", self.takeover_wait_s)
         began = time.perf_counter()
         try:
             tokens, _ = self.draft.propose(history, 1, self.params, self.rng, cap=None, allowed=self._allowed(history))
@@ -574,6 +584,16 @@ class StreamSpeculator:
     def _use(self, client: VerifyClient) -> None:
         """A new connection is a new, empty session."""
         self._client, self._service_history, self._seq = client, [], 0
+        self._waited_offline = False
+
+    def _wait_for_link(self, within_s: float) -> bool:
+        """Whether the link has a connection within `within_s` (polled: it reconnects on its own thread)."""
+        deadline = time.monotonic() + within_s
+        while self.link is None or self.link.current() is None:
+            if self.link is None or time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
 
     def _forget_client(self) -> None:
         self._client, self._service_history, self._seq = None, [], 0

@@ -20,6 +20,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidHandsh
 from websockets.protocol import State
 from websockets.sync.client import ClientConnection, connect
 
+from local_draft.ping_watch import PingWatch
 from local_draft.service_trust import frame_token_ids, said_by_service, token_id_problem, with_words_escaped
 from wire.service_proof import CHALLENGE_HEADER, PROOF_HEADER, new_challenge, proves
 from wire.protocol import (
@@ -57,6 +58,12 @@ SLOWEST_QUEUE_S = 120.0
 # alive, and waited for up to this long while it answers (many clients arriving together, a loaded host).
 SLOWEST_WELCOME_S = 120.0
 CLOSE_TIMEOUT_S = 2.0  # a live service answers a close at once; do not wait on a dead one
+# A link that stalls (no byte moves, nothing is closed) is found out by WebSocket pings
+# (local_draft/ping_watch.py): one a second, and a pong missing for this long cuts the connection,
+# so a stall is noticed within PING_INTERVAL_S + PING_TIMEOUT_S (the bound is 5 s). A busy
+# service still answers: its event loop answers pings while the device thread computes.
+PING_INTERVAL_S = 1.0
+PING_TIMEOUT_S = 3.0
 RATE_LIMIT_RETRIES = 3  # a rate-limited request is sent again after the service's hint, this often
 MAX_RETRY_WAIT_S = 5.0  # and never after more than this
 BUSY_STATUSES = (429, 503)  # full, loading or draining: worth retrying, unlike 401 or 403
@@ -171,7 +178,7 @@ class VerifyClient:
             self._ws: ClientConnection = self._exit.enter_context(connect(
                 url, subprotocols=[SUBPROTOCOL], additional_headers=headers, ssl=tls_context(url, ca_file),
                 open_timeout=open_timeout_s, close_timeout=CLOSE_TIMEOUT_S, max_size=max_frame_bytes,
-                compression=None))
+                compression=None, ping_interval=None))
         except InvalidStatus as exc:
             body = exc.response.body.decode("utf-8", "replace").strip() if exc.response.body else ""
             if exc.response.status_code in BUSY_STATUSES:
@@ -188,6 +195,7 @@ class VerifyClient:
             # ConnectionClosed: dropped mid-handshake, as by a proxy in front of a dead service
             raise ServiceUnreachable(
                 f"cannot reach the verification service at {url}: {exc} (is `specwire serve` running?)") from exc
+        self._watch = PingWatch(self._ws, PING_INTERVAL_S, PING_TIMEOUT_S)
         if challenge and not proves(token, challenge, self._ws.response.headers.get(PROOF_HEADER)):
             self.close()
             raise VerifyError("service_unproven", f"the program at {url} did not prove it holds the service's token: "
@@ -282,6 +290,7 @@ class VerifyClient:
         return self._ws.state is State.CLOSED
 
     def close(self) -> None:
+        self._watch.stop()
         self._exit.close()
 
     def _request(self, message, expected: type, new_tokens: int = 0):
@@ -328,7 +337,9 @@ class VerifyClient:
             except TimeoutError:
                 pass
             except (ConnectionClosed, OSError) as exc:
-                raise ServiceUnreachable(f"lost the verification service at {self.url}: {exc}") from exc
+                why = (f"the link stalled (no answer to a ping for {PING_TIMEOUT_S:g} s)" if self._watch.stalled
+                       else str(exc))
+                raise ServiceUnreachable(f"lost the verification service at {self.url}: {why}") from exc
             waited = time.monotonic() - self._sent_at
             if waited >= self._longest_wait:
                 raise ServiceUnreachable(f"the verification service at {self.url} did not answer "

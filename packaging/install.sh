@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install specwire into ./.venv: the client, the verification service (PyTorch and ONNX
 # Runtime backends), the benchmark's plotting, and
-# (with --dev) the test tools and tmux. Safe to run again: what is installed is kept.
+# (with --dev) the test tools, tmux and haproxy. Safe to run again: what is installed is kept.
 #
 #   SPECWIRE_TORCH      the torch requirement (default torch==2.13.0). For a CPU-only build
 #                       elsewhere: SPECWIRE_TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
@@ -79,12 +79,20 @@ if (( cuda_build )); then
     fi
 fi
 .venv/bin/python -m pip install --quiet -e ".[${extras}]"
-if [[ "${1:-}" == "--dev" ]] && ! command -v tmux >/dev/null; then
-    # The chat app's end-to-end test drives the real terminal program in tmux.
+# The tests' system programs: the chat app's end-to-end test drives the real terminal program in
+# tmux; the replica tests and benchmarks.soak run `specwire serve` replicas behind a real HAProxy.
+missing=()
+if [[ "${1:-}" == "--dev" ]]; then
+    command -v tmux >/dev/null || missing+=(tmux)
+    command -v haproxy >/dev/null || [[ -x /usr/sbin/haproxy ]] || missing+=(haproxy)
+fi
+if (( ${#missing[@]} )); then
     if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-        apt-get install -y -qq tmux >/dev/null || { apt-get update -qq && apt-get install -y -qq tmux >/dev/null; }
+        apt-get install -y -qq "${missing[@]}" >/dev/null \
+            || { apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null; }
     else
-        echo "tmux is not installed: the chat app's tmux test will fail (install tmux to run it)" >&2
+        echo "not installed: ${missing[*]} (the chat app's tmux test needs tmux, the replica tests haproxy):" \
+             "those tests will fail; install them (apt-get install ${missing[*]})" >&2
     fi
 fi
 echo "specwire installed in $(pwd)/.venv (run .venv/bin/specwire --help)"

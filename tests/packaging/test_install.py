@@ -46,7 +46,8 @@ mkdir -p .venv/bin && cp "$STUB_STATE/venv-python" .venv/bin/python && chmod +x 
 
 
 def run_install(tmp_path: Path, gpu: bool, nvcc: bool, toolkit_works: bool = True,
-                llama_before: str | None = None) -> tuple[subprocess.CompletedProcess, list[str], str]:
+                llama_before: str | None = None,
+                dev: bool = False) -> tuple[subprocess.CompletedProcess, list[str], str]:
     """Run install.sh in a scratch repository; returns the result, the llama.cpp builds, the call log."""
     repo, bin_dir, state = tmp_path / "repo", tmp_path / "bin", tmp_path / "state"
     for folder in (repo / "packaging", bin_dir, state):
@@ -57,6 +58,10 @@ def run_install(tmp_path: Path, gpu: bool, nvcc: bool, toolkit_works: bool = Tru
     scripts = {"python3": SYSTEM_PYTHON, "nvidia-smi": f"#!/bin/bash\nexit {0 if gpu else 9}\n"}
     if nvcc:
         scripts["nvcc"] = "#!/bin/bash\nexit 0\n"
+    if dev:  # as root with apt-get (CI's fresh Debian): the system packages it installs are recorded
+        (bin_dir / "id").unlink()
+        scripts["id"] = "#!/bin/bash\necho 0\n"
+        scripts["apt-get"] = '#!/bin/bash\necho "apt-get $*" >> "$STUB_STATE/log"\n'
     for name, text in scripts.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
@@ -72,7 +77,8 @@ def run_install(tmp_path: Path, gpu: bool, nvcc: bool, toolkit_works: bool = Tru
             (state / "offload").touch()
     env = {"PATH": str(bin_dir), "STUB_STATE": str(state), "CUDA_HOME": str(tmp_path / "no-cuda"),
            "HOME": str(tmp_path)}
-    result = subprocess.run([str(bin_dir / "bash"), str(repo / "packaging" / "install.sh")], env=env,
+    command = [str(bin_dir / "bash"), str(repo / "packaging" / "install.sh"), *(["--dev"] if dev else [])]
+    result = subprocess.run(command, env=env,
                             capture_output=True, text=True, timeout=60)
     builds = (state / "builds").read_text().splitlines() if (state / "builds").exists() else []
     return result, builds, (state / "log").read_text()
@@ -132,3 +138,13 @@ def test_the_declared_llama_cpp_floor_is_the_version_install_sh_builds():
     project = tomllib.loads((INSTALL.parents[1] / "pyproject.toml").read_text())["project"]["dependencies"]
     floors = [re.fullmatch(r"llama-cpp-python>=([0-9.]+)", each.split(";")[0].strip()) for each in project]
     assert [floor.group(1) for floor in floors if floor] == [pinned]
+
+
+def test_dev_installs_the_tests_system_programs_with_apt(tmp_path):
+    """--dev as root on Debian: tmux (the chat app's test) and haproxy (the replica tests) come from
+    apt-get, in one call (haproxy only where it is not already in /usr/sbin)."""
+    result, _, log = run_install(tmp_path, gpu=False, nvcc=False, dev=True)
+    assert result.returncode == 0, result.stderr
+    installs = [line for line in log.splitlines() if line.startswith("apt-get install")]
+    wanted = "tmux" + ("" if Path("/usr/sbin/haproxy").exists() else " haproxy")
+    assert installs and installs[0].endswith(f"-y -qq {wanted}"), log
