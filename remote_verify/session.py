@@ -149,8 +149,12 @@ class Session:
                          starting=lambda: True)  # a prompt's piece: the reply's first token waits for it
 
     def ensure_cache(self) -> None:
-        """Allocate the KV cache if it is not yet (SessionError sessions_full when there is no memory)."""
-        if self.cache is not None or self._closed:
+        """Allocate the KV cache if it is not yet (SessionError sessions_full when there is no memory;
+        closed once the session is: a stream's next pass may be queued behind its close, and planned
+        on a freed cache it failed the whole shared pass it joined)."""
+        if self._closed:
+            raise SessionError("closed", "the session is closed", fatal=True)
+        if self.cache is not None:
             return
         try:
             self.cache = self.backend.new_cache()

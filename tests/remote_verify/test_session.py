@@ -176,3 +176,15 @@ def test_requests_over_a_limit_are_refused_by_length_before_their_ids_are_read(l
     with pytest.raises(SessionError) as refused:  # within the limits, the id is what is wrong
         session.verify(Verify(seq=1, committed_len=0, append=[1, bad]))
     assert refused.value.code == "bad_token" and str(bad) in refused.value.message
+
+
+def test_a_stream_pass_queued_behind_the_close_is_refused_not_run_on_a_freed_cache(llamacpp_target):
+    """A stream's next pass can reach the device after its session's close (queued behind it); planned
+    on the freed cache it failed the whole shared pass it had joined. It is refused as closed instead."""
+    session = _session(llamacpp_target)
+    session.committed = [5, 6, 7]
+    work = session.stream_work()
+    session.close()
+    with pytest.raises(SessionError) as refused:
+        work.plan(None)
+    assert refused.value.code == "closed"
