@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 
 import pytest
@@ -13,6 +14,56 @@ from models.tiny import TinyModels, build_tiny_models
 # process and a two-core machine, and two spinning thread pools per model would thrash
 # (a sampled generation took 9 ms with two threads each, 5.7 ms with one).
 TINY_THREADS = 1
+
+# The suite runs on one pytest-xdist worker per core (pyproject.toml, `--dist worksteal`): each worker
+# is handed an equal, consecutive share of the collected tests, runs it from the front, and when it
+# runs out takes the back half of another's. The longest files (seconds on two cores, measured) are
+# dealt out so that every worker starts on its share of them at once, and the run ends on short
+# tests instead of one worker finishing a statistical case alone; the statistical cases also run
+# beside each other rather than beside the tests that time a drafter. Whole files move together,
+# so their module fixtures stay together.
+LONGEST_FILES = {
+    "local_draft/test_sampling_exactness.py": 440,
+    "local_draft/test_stream_sampling.py": 155,
+    "models/test_default_pair.py": 73,
+    "remote_verify/test_batch_invariance.py": 69,
+    "remote_verify/test_fuzz.py": 61,
+    "local_draft/test_ngram_exactness.py": 32,
+    "local_draft/test_stream_tree_sampling.py": 23,
+    "local_draft/test_grammar_sampling.py": 16,
+    "remote_verify/test_server_only.py": 29,
+}
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: one worker per core this process may run on (not per physical core, as xdist
+    would count them with psutil: two logical cores are two workers)."""
+    return len(os.sched_getaffinity(0))
+
+
+def pytest_collection_modifyitems(items):
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    file_of = {id(item): item.nodeid.split("::")[0].removeprefix("tests/") for item in items}
+    heavy_files = sorted({f for f in file_of.values() if f in LONGEST_FILES}, key=lambda f: -LONGEST_FILES[f])
+    dealt: list[list] = [[] for _ in range(workers)]
+    load = [0] * workers
+    group_of = {}
+    for path in heavy_files:  # the longest file to the least loaded share
+        least = load.index(min(load))
+        group_of[path] = least
+        load[least] += LONGEST_FILES[path]
+    light = []
+    for item in items:  # collection order within each group
+        path = file_of[id(item)]
+        (dealt[group_of[path]] if path in group_of else light).append(item)
+    ordered, remaining = [], len(items)
+    for share in range(workers):  # the shares xdist's worksteal scheduler hands out, in order
+        size = remaining // (workers - share)
+        remaining -= size
+        take = max(0, size - len(dealt[share]))
+        ordered += dealt[share] + light[:take]
+        light = light[take:]
+    items[:] = ordered + light
 
 
 @pytest.fixture(autouse=True)

@@ -41,10 +41,19 @@ def _child(job: Job, share: range, conn) -> None:
         conn.close()
 
 
+def _default_workers() -> int:
+    """One process per core, shared with the suite's other pytest-xdist workers; at least two
+    where there are two cores, so that a case left running alone at the end of a run still has
+    both (a statistical case beside another test only slows that test down, not the suite)."""
+    cores = len(os.sched_getaffinity(0))
+    suite_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(min(2, cores), cores // suite_workers)
+
+
 def map_seeds(job: Job, seeds: range, workers: int | None = None) -> list:
-    """`job` over `seeds`, split among `workers` forked processes (default: one per core); the
-    results of every share, concatenated in seed order. With one worker the job runs here."""
-    workers = min(workers or len(os.sched_getaffinity(0)), len(seeds))
+    """`job` over `seeds`, split among `workers` forked processes (default: `_default_workers`);
+    the results of every share, concatenated in seed order. With one worker the job runs here."""
+    workers = min(workers or _default_workers(), len(seeds))
     if workers <= 1:
         return list(job(seeds))
     fork = multiprocessing.get_context("fork")

@@ -21,7 +21,9 @@ FAST_BACKOFF = Backoff(first_s=0.05, max_s=0.3)
 
 
 def start_service(target: Path, port: int = 0) -> tuple[subprocess.Popen, int]:
-    """`specwire serve` in a child process (so that it can be SIGKILLed); returns it and its port."""
+    """`specwire serve` in a child process (so that it can be SIGKILLed); returns it and its port.
+    The tests give it the tiny target's GGUF, served by llama.cpp as on any CPU: it is listening
+    within a second or two, where the same target on torch spends several importing torch."""
     process = subprocess.Popen([SPECWIRE, "serve", "--target", str(target), "--port", str(port)],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = process.stdout.readline()
@@ -50,11 +52,11 @@ def wait_for(condition, timeout_s: float = 20.0) -> bool:
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGKILL, signal.SIGTERM], ids=["kill", "term"])
 def test_losing_the_service_mid_reply_goes_offline_then_a_restart_is_verified_again(
-        tiny, torch_target, close_draft, stop_signal):
+        tiny, llamacpp_target, close_draft, stop_signal):
     """SIGKILL (or SIGTERM: a clean going-away close) after 20 tokens: offline tokens follow,
     marked; after a restart on the same port the link reconnects, the service rebuilds the
     session, and greedy parity holds again."""
-    process, port = start_service(tiny.target)
+    process, port = start_service(tiny.target_gguf)
     states = []
     link = ServiceLink(f"ws://127.0.0.1:{port}", hello_for(close_draft), on_state=states.append,
                        backoff=FAST_BACKOFF)
@@ -67,7 +69,7 @@ def test_losing_the_service_mid_reply_goes_offline_then_a_restart_is_verified_ag
             process.send_signal(stop_signal)
             process.wait()
         elif marks.count("offline") >= 10 and process.poll() is not None:
-            process, _ = start_service(tiny.target, port)  # the same address, a new session
+            process, _ = start_service(tiny.target_gguf, port)  # the same address, a new session
             assert wait_for(lambda: link.connected), "the link did not reconnect"
 
     prompt = close_draft.tokenize("def quicksort(arr):")
@@ -89,15 +91,15 @@ def test_losing_the_service_mid_reply_goes_offline_then_a_restart_is_verified_ag
     # before the kill: the target's own tokens; after the restart: the target's continuation
     # of everything committed so far, offline tokens included
     ids = result.token_ids
-    assert ids[:first_offline] == target_alone(torch_target, prompt, first_offline)
+    assert ids[:first_offline] == target_alone(llamacpp_target, prompt, first_offline)
     resumed = last_offline + 1
-    assert ids[resumed:] == target_alone(torch_target, prompt + ids[:resumed], len(ids) - resumed)
+    assert ids[resumed:] == target_alone(llamacpp_target, prompt + ids[:resumed], len(ids) - resumed)
 
 
 def test_a_stalled_service_times_out_into_offline_and_is_used_again_when_it_wakes(tiny, close_draft):
     """SIGSTOP freezes the service with its socket open: the round times out, the reply goes
     on offline, and after SIGCONT the link reconnects and rounds are verified again."""
-    process, port = start_service(tiny.target)
+    process, port = start_service(tiny.target_gguf)
     link = ServiceLink(f"ws://127.0.0.1:{port}", hello_for(close_draft), backoff=FAST_BACKOFF,
                        stall_timeout_s=0.5)
     marks: list[str] = []
@@ -125,7 +127,7 @@ def test_a_stalled_service_times_out_into_offline_and_is_used_again_when_it_wake
 def test_generate_finishes_a_reply_offline_when_the_service_is_killed(tiny, close_draft):
     """`specwire generate`: kill -9 of the service once text streams; the reply is complete,
     the notice is on stderr and the summary counts the unverified tokens."""
-    process, port = start_service(tiny.target)
+    process, port = start_service(tiny.target_gguf)
     try:
         generate = subprocess.Popen(
             [SPECWIRE, "generate", "--draft", str(tiny.draft), "--server", f"ws://127.0.0.1:{port}",
@@ -145,7 +147,7 @@ def test_generate_finishes_a_reply_offline_when_the_service_is_killed(tiny, clos
 
 def test_a_refused_reconnect_stops_retrying(tiny, close_draft, tmp_path):
     """A service that comes back demanding a token: the link says so and gives up, offline stays."""
-    process, port = start_service(tiny.target)
+    process, port = start_service(tiny.target_gguf)
     states = []
     link = ServiceLink(f"ws://127.0.0.1:{port}", hello_for(close_draft), on_state=states.append,
                        backoff=FAST_BACKOFF)
@@ -155,7 +157,7 @@ def test_a_refused_reconnect_stops_retrying(tiny, close_draft, tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("s3cret")
     token_file.chmod(0o600)
-    guarded = subprocess.Popen([SPECWIRE, "serve", "--target", str(tiny.target), "--port", str(port),
+    guarded = subprocess.Popen([SPECWIRE, "serve", "--target", str(tiny.target_gguf), "--port", str(port),
                                 "--token-file", str(token_file)],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
@@ -182,7 +184,7 @@ def _seeded_sampled_reply(tiny, draft, process: subprocess.Popen, port: int,
         if restart_after is not None and len(made) >= restart_after and link.connections == 1:
             process.kill()
             process.wait()
-            process, _ = start_service(tiny.target, port)
+            process, _ = start_service(tiny.target_gguf, port)
             assert wait_for(lambda: link.current() is not None and link.connections == 2), "no reconnect"
 
     try:
@@ -198,9 +200,9 @@ def _seeded_sampled_reply(tiny, draft, process: subprocess.Popen, port: int,
 def test_a_seeded_sampled_reply_repeats_through_a_killed_and_restarted_service(tiny, close_draft):
     """The same seed gives the same sampled tokens whether or not the service is killed and
     replaced mid-reply: the new session draws position n's numbers from (seed, n), as the old did."""
-    process, port = start_service(tiny.target)
+    process, port = start_service(tiny.target_gguf)
     straight, _ = _seeded_sampled_reply(tiny, close_draft, process, port, restart_after=None)
-    process, _ = start_service(tiny.target, port)
+    process, _ = start_service(tiny.target_gguf, port)
     interrupted, link = _seeded_sampled_reply(tiny, close_draft, process, port, restart_after=20)
     assert link.connections == 2
     assert interrupted == straight and len(straight) >= 20

@@ -62,7 +62,7 @@ def test_a_seeded_sampled_stream_repeats_through_a_killed_and_restarted_service(
     """Seed 7, sampling, guesses kept ahead: killed and replaced after 20 tokens (before the next
     pass, so nothing is made offline), the reply is the one made without the interruption."""
     def reply(restart_after: int | None) -> tuple[list[int], int]:
-        process, port = start_service(tiny.target)
+        process, port = start_service(tiny.target_gguf)
         link = ServiceLink(f"ws://127.0.0.1:{port}", hello_for(close_draft, SAMPLED, seed=7), backoff=FAST_BACKOFF)
         made: list[int] = []
 
@@ -72,7 +72,7 @@ def test_a_seeded_sampled_stream_repeats_through_a_killed_and_restarted_service(
             if restart_after is not None and len(made) >= restart_after and link.connections == 1:
                 process.kill()
                 process.wait()
-                process, _ = start_service(tiny.target, port)
+                process, _ = start_service(tiny.target_gguf, port)
                 assert wait_for(lambda: link.current() is not None and link.connections == 2), "no reconnect"
 
         try:
