@@ -42,12 +42,13 @@ def _child(job: Job, share: range, conn) -> None:
 
 
 def _default_workers() -> int:
-    """One process per core, shared with the suite's other pytest-xdist workers; at least two
-    where there are two cores, so that a case left running alone at the end of a run still has
-    both (a statistical case beside another test only slows that test down, not the suite)."""
+    """The cores this process may use, shared among the suite's pytest-xdist workers: on two
+    cores with a worker per core, none (the job runs in the test's own process). Forking one
+    process per core in every worker put four busy processes on two cores whenever two
+    statistical cases ran at once, and the tests beside them whose llama.cpp threads spin
+    waiting on each other (the default pair's) took twice as long."""
     cores = len(os.sched_getaffinity(0))
-    suite_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    return max(min(2, cores), cores // suite_workers)
+    return max(1, cores // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 
 
 def map_seeds(job: Job, seeds: range, workers: int | None = None) -> list:
