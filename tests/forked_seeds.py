@@ -1,4 +1,4 @@
-"""A statistical test's seeds, split over one forked process per core.
+"""A statistical test's seeds, split over forked processes, one per core the test may use.
 
 A sampled generation decides its tokens from its seed alone (wire/randomness.py): which process
 runs a seed changes nothing a tally counts. A statistical case draws thousands of such
@@ -12,6 +12,11 @@ Forked, not spawned: a child starts with the parent's loaded models and with wha
 planted (monkeypatch) in the service's code, so a planted bug runs in every child as it would in
 one process. The models run on one thread each (tests/conftest.py TINY_THREADS), which a
 forked child may use; the parent's own services stay idle while it waits.
+
+The suite itself runs on one pytest-xdist worker per core (pyproject.toml). A case still forks
+two processes on two cores: a case left running at the end of a run then has both. (One process
+per worker, tried, made a full run no faster: 23 min 56 s against 23 min 36 s, each alone on the
+machine, since the worker holding the longest cases then ran them on one core.)
 """
 
 from __future__ import annotations
@@ -42,13 +47,12 @@ def _child(job: Job, share: range, conn) -> None:
 
 
 def _default_workers() -> int:
-    """The cores this process may use, shared among the suite's pytest-xdist workers: on two
-    cores with a worker per core, none (the job runs in the test's own process). Forking one
-    process per core in every worker put four busy processes on two cores whenever two
-    statistical cases ran at once, and the tests beside them whose llama.cpp threads spin
-    waiting on each other (the default pair's) took twice as long."""
+    """One process per core, shared with the suite's other pytest-xdist workers; at least two
+    where there are two cores, so that a case left running alone at the end of a run still has
+    both (a statistical case beside another test only slows that test down, not the suite)."""
     cores = len(os.sched_getaffinity(0))
-    return max(1, cores // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    suite_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(min(2, cores), cores // suite_workers)
 
 
 def map_seeds(job: Job, seeds: range, workers: int | None = None) -> list:

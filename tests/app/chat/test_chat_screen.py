@@ -170,6 +170,13 @@ async def test_a_saved_chat_is_resumed_whole_and_continued(chat_settings, tiny_s
     assert [turn.number for turn in app.engine.conversation.load(path).turns] == [1, 2]
 
 
+def _problem_shown(app) -> bool:
+    """The problem dialog is up with its message and buttons mounted (on a busy machine the screen is
+    pushed a moment before its widgets are composed: a query then finds nothing)."""
+    return isinstance(app.screen, ProblemScreen) and bool(app.screen.query("#problem-message")) and bool(
+        app.screen.query("Button"))
+
+
 @pytest.mark.parametrize("problem", ["unreachable", "missing_model", "refused_token"])
 async def test_a_service_that_cannot_be_used_is_explained_and_offline_is_offered(
         problem, chat_settings, tiny, tmp_path, monkeypatch):
@@ -193,7 +200,7 @@ async def test_a_service_that_cannot_be_used_is_explained_and_offline_is_offered
     app = ChatApp(settings)
     try:
         async with app.run_test(size=SIZE) as pilot:
-            await wait_for(pilot, lambda: isinstance(app.screen, ProblemScreen), what="the problem dialog")
+            await wait_for(pilot, lambda: _problem_shown(app), what="the problem dialog")
             assert expected in _plain(app.screen.query_one("#problem-message"))
             await wait_for(pilot, lambda: app.screen.query("#offline"), what="the offer to go offline")
             await pilot.press("o")
@@ -364,7 +371,7 @@ async def test_the_start_up_clock_stops_behind_the_problem_dialog_and_starts_aga
     """Unreachable service: behind the dialog the seconds stand still; "retry" counts afresh."""
     app = ChatApp(chat_settings(server="ws://127.0.0.1:9", steady_display=False))
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: isinstance(app.screen, ProblemScreen), what="the problem dialog")
+        await wait_for(pilot, lambda: _problem_shown(app), what="the problem dialog")
         step = app.chat_screen.query_one("#loading-step")
         shown = _plain(step)
         await pilot.pause(2.2)
