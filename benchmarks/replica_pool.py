@@ -20,7 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-HAPROXY_CONFIG = Path(__file__).resolve().parents[1] / "packaging" / "haproxy" / "haproxy.cfg"
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+HAPROXY_CONFIG = PROJECT_ROOT / "packaging" / "haproxy" / "haproxy.cfg"
 SPECWIRE = str(Path(sys.executable).parent / "specwire")
 MISSING_HAPROXY = ("haproxy is not installed (looked on PATH and in /usr/sbin): install it with "
                    "`apt-get install haproxy`, or run `bash packaging/install.sh --dev` as root")
@@ -61,20 +62,34 @@ def haproxy_config(frontend_port: int, replica_ports: list[int]) -> str:
 
 
 class Replica:
-    """One `specwire serve` child on a fixed port; start() again after a kill or a stop."""
+    """One `specwire serve` child on a fixed port; start() again after a kill or a stop.
 
-    def __init__(self, target: Path, port: int, log_path: Path, extra_args: list[str] | None = None):
+    With `pace` (a target profile's name and a time scale) the child is the same service on an
+    emulated device instead (benchmarks/emulation/serve.py): the target is still the real one,
+    each of its passes held to the profile's time, so that a reply lasts long enough for a test
+    to cut it in the middle (a tiny target alone ends a reply in milliseconds)."""
+
+    def __init__(self, target: Path, port: int, log_path: Path, extra_args: list[str] | None = None,
+                 pace: tuple[str, float] | None = None):
         self.target, self.port, self.log_path = target, port, log_path
         self.extra_args = extra_args or []
+        self.pace = pace
         self.process: subprocess.Popen | None = None
         self.started_at = 0.0
 
+    def command(self) -> list[str]:
+        if self.pace is None:
+            return [SPECWIRE, "serve", "--target", str(self.target), "--port", str(self.port), "--threads", "1",
+                    "--log-format", "json", *self.extra_args]
+        profile, time_scale = self.pace
+        return [sys.executable, "-m", "benchmarks.emulation.serve", "--profile", profile, "--time-scale",
+                str(time_scale), "--target", str(self.target), "--port", str(self.port), *self.extra_args]
+
     def start(self, timeout_s: float = 60.0) -> None:
         log_file = open(self.log_path, "a")
-        self.process = subprocess.Popen(
-            [SPECWIRE, "serve", "--target", str(self.target), "--port", str(self.port), "--threads", "1",
-             "--log-format", "json", *self.extra_args],
-            stdout=subprocess.PIPE, stderr=log_file, text=True, start_new_session=True)
+        self.process = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=log_file, text=True,
+                                        start_new_session=True,
+                                        cwd=None if self.pace is None else PROJECT_ROOT)  # the module runs from it
         self.started_at = time.monotonic()  # the new process's age, while it loads too
         log_file.close()
         deadline = time.monotonic() + timeout_s
@@ -105,11 +120,12 @@ class Replica:
 class ReplicaPool:
     """`n` replicas of the target behind HAProxy; `url` is HAProxy's frontend."""
 
-    def __init__(self, target: Path, n: int = 2, work_dir: Path | None = None, extra_args: list[str] | None = None):
+    def __init__(self, target: Path, n: int = 2, work_dir: Path | None = None, extra_args: list[str] | None = None,
+                 pace: tuple[str, float] | None = None):
         self.haproxy_path = haproxy_binary()  # first: a missing haproxy is said before anything starts
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="specwire-replicas-"))
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        self.replicas = [Replica(target, free_port(), self.work_dir / f"replica{i + 1}.log", extra_args)
+        self.replicas = [Replica(target, free_port(), self.work_dir / f"replica{i + 1}.log", extra_args, pace)
                          for i in range(n)]
         self.frontend_port = free_port()
         self.haproxy: subprocess.Popen | None = None

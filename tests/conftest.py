@@ -203,11 +203,9 @@ def service(backend_kind, service_on) -> RunningService:
 PACED_PASS_MS = 4.0  # a GPU-like pass: about the same for 1 or 64 tokens
 
 
-@pytest.fixture(scope="session")
-def paced_service(tiny):
-    """The tiny target on llama.cpp with every pass held to about PACED_PASS_MS (the emulated
-    device, benchmarks/emulation/target.py): the tiny target alone outruns any drafter, a GPU
-    target does not, and the default mode's guesses are kept only where the drafter keeps ahead."""
+def paced_running_service(tiny, pass_ms: float) -> RunningService:
+    """The tiny target on llama.cpp with every pass held to about `pass_ms` (the emulated device,
+    benchmarks/emulation/target.py); the caller closes it."""
     from benchmarks.emulation.profiles import TargetProfile
     from benchmarks.emulation.target import EmulatedTarget
     from remote_verify.backends.llamacpp_backend import LlamaCppTarget
@@ -215,8 +213,16 @@ def paced_service(tiny):
     # A backend of its own: `llamacpp_target` is served by `service_on("llamacpp")`, and a loaded
     # backend belongs to one service (remote_verify/backends/device_owner.py).
     own = LlamaCppTarget(tiny.target_gguf, gpu_layers=0, n_threads=TINY_THREADS)
-    profile = TargetProfile(name="tests-gpu", pass_points=((1, PACED_PASS_MS), (64, PACED_PASS_MS * 1.1)))
-    running = RunningService(EmulatedTarget(own, profile))
+    profile = TargetProfile(name=f"tests-gpu-{pass_ms:g}ms", pass_points=((1, pass_ms), (64, pass_ms * 1.1)))
+    return RunningService(EmulatedTarget(own, profile))
+
+
+@pytest.fixture(scope="session")
+def paced_service(tiny):
+    """The tiny target with every pass held to about PACED_PASS_MS: the tiny target alone outruns
+    any drafter, a GPU target does not, and the default mode's guesses are kept only where the
+    drafter keeps ahead."""
+    running = paced_running_service(tiny, PACED_PASS_MS)
     yield running
     running.close()
 

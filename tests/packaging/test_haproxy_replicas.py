@@ -1,7 +1,9 @@
-"""`specwire serve` replicas behind a real HAProxy run with packaging/haproxy/haproxy.cfg: the
+"""Replicas of the service behind a real HAProxy run with packaging/haproxy/haproxy.cfg: the
 replica serving a reply is killed (SIGKILL) or stopped (SIGTERM, a drain) mid-reply; the client
 reconnects through HAProxy, lands on the other replica, rebuilds its session from its own
-history, and the reply is the target's alone (greedy), with no offline token.
+history, and the reply is the target's alone (greedy), with no offline token. Each replica is
+the service on an emulated GPU (benchmarks/replica_pool.py `pace`), its passes paced like a large
+target's, so the stop lands in the middle of the reply on any machine.
 
 HAProxy must be installed (`bash packaging/install.sh --dev` installs it): without it these tests
 fail, saying so; they never skip.
@@ -22,12 +24,15 @@ from tests.local_draft.test_fallback import FAST_BACKOFF, target_alone, wait_for
 
 TOKENS = 60
 STOP_AFTER = 12
+# Each replica's passes held to a 70B-class target's, three times over (about 56 ms a pass): the
+# tiny target alone streams a whole reply in milliseconds, before a stop could cut it.
+PACE = ("h100x2-70b-fp8", 3.0)
 
 
 @pytest.fixture(scope="module")
 def pool(tiny, tmp_path_factory):
     """Three replicas: each case stops the one serving its reply, and at least two are left for the next."""
-    with ReplicaPool(tiny.target_gguf, 3, tmp_path_factory.mktemp("replicas")) as running:
+    with ReplicaPool(tiny.target_gguf, 3, tmp_path_factory.mktemp("replicas"), pace=PACE) as running:
         yield running
 
 
