@@ -84,7 +84,17 @@ async def stream_generation(session: Session, request: Generate, queue: DeviceQu
 
             return replace(planned, finish=finish)
 
-        return Shareable(inner.backend, plan, inner.tokens, starting=inner.starting)
+        outer = Shareable(inner.backend, plan, inner.tokens, starting=inner.starting)
+
+        def split(limit: int):
+            """A long prompt's prefill in pieces, each a turn of its own beside the other sessions'
+            passes (without this, a new reply's whole prompt ran in one pass and every other stream
+            waited for it); the pass itself, counted here, runs after the last piece."""
+            parts = inner.split(limit)
+            return None if parts is None else (parts[0], outer)
+
+        outer.split = split
+        return outer
 
     reason = ends(None)
     if reason:

@@ -330,6 +330,52 @@ def test_a_new_replys_short_prompt_goes_whole_and_ahead_of_a_long_prefill(llamac
             session.close()
 
 
+def test_a_new_streams_long_prompt_runs_in_pieces_while_another_stream_goes_on(llamacpp_target):
+    """A stream (`--mode server`, and the default mode's passes) starting on a 300-token prompt
+    while another session streams: its prompt goes in pieces, the other stream's passes between
+    them, and its tokens are still the target's alone. (A stream's pass used to run its whole
+    prompt in one turn: every other user's next token waited for a new user's prefill.)"""
+    from remote_verify.server_only import stream_generation
+    from tests.local_draft.test_fallback import target_alone
+    from wire.protocol import Generate
+
+    backend = RecordingBackend(llamacpp_target)
+    sessions = _sessions(backend, "sp")
+    short, long_prompt = [5, 6, 7, 8, 9], [(7 * i) % 300 + 1 for i in range(300)]
+    made: dict[str, list[int]] = {"s": [], "p": []}
+    queue = DeviceQueue("test")
+
+    async def stream(name: str, prompt: list[int], n: int) -> None:
+        request = Generate(seq=1, committed_len=0, append=prompt, max_tokens=n)
+        sessions[name].start_generation(request)
+
+        async def send(frame) -> None:
+            made[name].extend(frame.tokens)
+
+        await stream_generation(sessions[name], request, queue, send, asyncio.Event())
+
+    async def main() -> None:
+        streaming = asyncio.ensure_future(stream("s", short, 400))
+        while len(made["s"]) < 3:  # the first stream is under way
+            await asyncio.sleep(0.001)
+        await stream("p", long_prompt, 3)
+        await streaming
+
+    try:
+        asyncio.run(main())
+    finally:
+        queue.shutdown()
+        for session in sessions.values():
+            session.close()
+    p_passes = [i for i, members in enumerate(backend.passes) if any(name == "p" for name, _ in members)]
+    pieces = [tokens for members in backend.passes for name, tokens in members if name == "p"]
+    assert max(pieces) < 299 and sum(pieces) == 300 + 2, pieces  # in pieces; then two more tokens, one a pass
+    between = [i for i in range(p_passes[0], p_passes[-1]) if any(name == "s" for name, _ in backend.passes[i])]
+    assert len(between) >= len(pieces) // 2, backend.passes  # the other stream kept making tokens meanwhile
+    assert made["p"] == target_alone(llamacpp_target, long_prompt, 3)
+    assert made["s"] == target_alone(llamacpp_target, short, 400)
+
+
 def test_a_deep_prefills_later_pieces_are_sized_by_their_own_time():
     """A prefill's piece that took four times a pass of rounds (deep in a long history, where the
     token-keyed curve underprices it) makes its next piece a quarter as long; one that took half
