@@ -90,7 +90,8 @@ def run_generate(args: argparse.Namespace) -> int:
     if mode != "offline":
         try:
             link = ServiceLink(args.server, draft.hello(params, seed=seed, client="specwire generate"),
-                               token=read_token_file(args.token_file), ca_file=args.ca_file, on_state=report_link)
+                               token=read_token_file(args.token_file), ca_file=args.ca_file, on_state=report_link,
+                               takeover_wait_s=TAKEOVER_WAIT_S)
         except (ServiceUnreachable, VerifyError) as exc:
             raise UserError(f"{exc}" + ("" if how == "ngram" else " (or run with --offline)")) from exc
 
@@ -99,9 +100,10 @@ def run_generate(args: argparse.Namespace) -> int:
         generator = ServerOnlyGenerator(link, draft.end_ids)
     elif mode == "hybrid":
         # a service lost with no model (--draft ngram) ends the run with an error, at once; with
-        # one, the reply waits a moment for a replica to take over before it goes on offline
+        # one, the reply waits a moment (the link's takeover_wait_s) for a replica to take over
+        # before it goes on offline
         generator = StreamSpeculator(draft, link, params, seed=seed, max_block=args.k, drafting=how,
-                                     end_ids=draft.end_ids, takeover_wait_s=TAKEOVER_WAIT_S)
+                                     end_ids=draft.end_ids)
     else:
         generator = Speculator(draft, link, params, k=args.k, seed=seed, pipeline=args.pipeline,
                                drafting=how, end_ids=draft.end_ids)

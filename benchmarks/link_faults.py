@@ -61,9 +61,10 @@ def start_service(target: Path) -> tuple[subprocess.Popen, str]:
 class Mode:
     def __init__(self, name: str, url: str, draft: DraftModel):
         self.name = name
-        self.link = ServiceLink(url, draft.hello(SamplingParams(), client=f"link-faults ({name})"))
+        self.link = ServiceLink(url, draft.hello(SamplingParams(), client=f"link-faults ({name})"),
+                                takeover_wait_s=TAKEOVER_WAIT_S)
         if name == "default":
-            self.generator = StreamSpeculator(draft, self.link, SamplingParams(), takeover_wait_s=TAKEOVER_WAIT_S)
+            self.generator = StreamSpeculator(draft, self.link, SamplingParams())
         else:
             self.generator = ServerOnlyGenerator(self.link, draft.end_ids, resume_within_s=30.0)
         self.tokens = 0

@@ -111,8 +111,9 @@ class Soak:
 
         link = None
         try:
-            link = ServiceLink(url, draft.hello(SamplingParams(), client=f"soak-{number}"), on_state=on_state)
-            speculator = StreamSpeculator(draft, link, SamplingParams(), takeover_wait_s=TAKEOVER_WAIT_S)
+            link = ServiceLink(url, draft.hello(SamplingParams(), client=f"soak-{number}"), on_state=on_state,
+                               takeover_wait_s=TAKEOVER_WAIT_S)
+            speculator = StreamSpeculator(draft, link, SamplingParams())
             turn = number
             while time.monotonic() < self.deadline:
                 index = turn % len(prompts)

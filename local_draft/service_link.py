@@ -3,8 +3,9 @@
 A link is made connected (the first connection happens in the constructor, so a wrong URL,
 a refused token or a vocabulary mismatch is an error the caller sees at once). When the
 speculation loop loses the service mid-reply it calls `lost()`; the link then reconnects
-on a background thread with exponential backoff, and the loop keeps generating offline
-until `current()` hands it a fresh client. A fresh client means a fresh service-side
+on a background thread with exponential backoff. The loop waits up to the link's
+`takeover_wait_s` for that (another replica behind a load balancer takes the session over in a
+moment), then keeps generating offline until `current()` hands it a fresh client. A fresh client means a fresh service-side
 session: the loop rebuilds it from its own history, which is why any replica will do.
 """
 
@@ -55,9 +56,12 @@ TAKEOVER_WAIT_S = 3.0
 class ServiceLink:
     def __init__(self, url: str, hello: Hello, token: str | None = None, ca_file: str | None = None,
                  on_state: OnState | None = None, backoff: Backoff = Backoff(),
-                 stall_timeout_s: float = 10.0, prove_service: bool = False):
+                 stall_timeout_s: float = 10.0, prove_service: bool = False, takeover_wait_s: float = 0.0):
         self.url = url
         self.on_state = on_state
+        # how long a reply that lost the service waits for a new session before its first offline
+        # token (the loop waits; the link says so when it is lost). 0: offline at once.
+        self.takeover_wait_s = takeover_wait_s
         # A handshake that hangs is a stall too: one timeout for both. prove_service: every
         # connection, reconnects too, first checks the service holds the token (VerifyClient)
         self._connect_args = dict(url=url, hello=hello, token=token, ca_file=ca_file,
@@ -113,8 +117,15 @@ class ServiceLink:
                 self._reconnector.start()
             elif client is not None:
                 threading.Thread(target=client.close, daemon=True).start()
-        log.warning("lost the verification service at %s (%s); continuing offline", self.url, reason)
-        self._notify(LinkState(False, f"lost the service ({reason}); continuing offline"))
+        then = self.after_loss()
+        log.warning("lost the verification service at %s (%s); %s", self.url, reason, then)
+        self._notify(LinkState(False, f"lost the service ({reason}); {then}"))
+
+    def after_loss(self) -> str:
+        """What a reply does once the service is lost, in words."""
+        if self.takeover_wait_s > 0:
+            return f"reconnecting, continuing offline if no service takes over within {self.takeover_wait_s:g} s"
+        return "continuing offline"
 
     def retry_now(self) -> None:
         """Try to reconnect at once instead of at the next backoff step (the service is known to be back)."""

@@ -16,8 +16,9 @@ the bonus token (the draft's own argmax) and drafts the next block after it; the
 used only if the verdict accepted the whole current block and its token is the guess, so
 the committed text is the same as without drafting ahead.
 
-When the service is lost mid-reply the loop goes on offline, one draft token a round,
-while the ServiceLink reconnects; the first round on a new connection rebuilds the
+When the service is lost mid-reply the loop waits up to the link's `takeover_wait_s` for a new
+session (another replica's), then goes on offline, one draft token a round, while the
+ServiceLink reconnects; the first round on a new connection rebuilds the
 service's copy from the client's history, and verification resumes.
 
 What drafts a round is the `drafting` setting (local_draft/draft_source.py): the draft
@@ -118,6 +119,7 @@ class Speculator:
         self._seq = 0
         self._bytes_before_client = (0, 0)  # byte counts of connections since replaced
         self._ahead: DraftedAhead | None = None
+        self._waited_offline = False  # this outage's takeover wait is spent
 
     # ---- the draft length -------------------------------------------------------------
 
@@ -361,6 +363,11 @@ class Speculator:
         """No service now: an offline round with the model; without one, wait for the link to
         reconnect (up to resume_within_s, then ServiceUnreachable) and commit nothing."""
         if self.draft is not None:
+            if not self._waited_offline:  # once an outage: a replica may take the session over in a moment
+                self._waited_offline = True
+                wait_s = getattr(self.link, "takeover_wait_s", 0.0)
+                if wait_s > 0 and self._wait_for_link(wait_s):
+                    return [], []
             return self._offline_round(history, stats)
         deadline = time.monotonic() + self.resume_within_s
         while self.link is None or self.link.current() is None:
@@ -371,6 +378,15 @@ class Speculator:
                                                           if self.resume_within_s else ""))
             time.sleep(0.05)
         return [], []
+
+    def _wait_for_link(self, within_s: float) -> bool:
+        """Whether the link has a connection within `within_s` (it reconnects on its own thread)."""
+        deadline = time.monotonic() + within_s
+        while self.link.current() is None:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
 
     def _offline_round(self, history: list[int], stats: GenerationStats) -> tuple[list[int], list[str]]:
         """The draft model alone, one token from its full distribution: unverified."""
@@ -443,6 +459,8 @@ class Speculator:
         if client is not self._client:
             self._forget_client()
             self._client = client
+            if client is not None:
+                self._waited_offline = False  # the next outage waits for a takeover again
         return client is not None
 
     def _forget_client(self) -> None:

@@ -111,7 +111,8 @@ class StreamSpeculator:
 
     def __init__(self, draft: DraftModel | None, link: ServiceLink | VerifyClient | None, params: SamplingParams,
                  seed: int | None = None, max_block: int | None = None, drafting: str = "model",
-                 end_ids: Iterable[int] | None = None, resume_within_s: float = 0.0, takeover_wait_s: float = 0.0,
+                 end_ids: Iterable[int] | None = None, resume_within_s: float = 0.0,
+                 takeover_wait_s: float | None = None,
                  colocated: bool | None = None,
                  grammar: Grammar | None = None, logprobs: int = -1, trees: bool = True):
         self.draft, self.end_ids = drafter_and_end_ids(draft, drafting, end_ids)
@@ -130,7 +131,8 @@ class StreamSpeculator:
         self.link = FixedLink(link) if isinstance(link, VerifyClient) else link  # None: offline
         self.params = params
         self.resume_within_s = resume_within_s  # with no model: how long a lost service is waited for
-        self.takeover_wait_s = takeover_wait_s  # with one: how long, before the first offline token of an outage
+        # with one: how long, before the first offline token of an outage (None: as the link says)
+        self.takeover_wait_s = takeover_wait_s
         self._waited_offline = False  # this outage's wait is spent
         self.colocated = colocated  # the service shares this machine's cores; None: by its address (loopback)
         self.allow_trees = trees  # False: chains only, whatever the service verifies (benchmarks compare the two)
@@ -546,11 +548,12 @@ class StreamSpeculator:
             # once an outage: a replica behind a load balancer takes the session over in a moment,
             # and every token it verifies is the target's, where an offline one may not be
             self._waited_offline = True
-            if self.link is not None and self.takeover_wait_s > 0 and self._wait_for_link(self.takeover_wait_s):
+            wait_s = self._takeover_wait_s()
+            if self.link is not None and wait_s > 0 and self._wait_for_link(wait_s):
                 return "more"
-            if self.link is not None:
+            if self.link is not None and wait_s > 0:
                 log.warning("no verification service after %.1f s: continuing offline with the local model "
-                            "(unverified tokens, marked)", self.takeover_wait_s)
+                            "(unverified tokens, marked)", wait_s)
         began = time.perf_counter()
         try:
             tokens, _ = self.draft.propose(history, 1, self.params, self.rng, cap=None, allowed=self._allowed(history))
@@ -585,6 +588,11 @@ class StreamSpeculator:
         """A new connection is a new, empty session."""
         self._client, self._service_history, self._seq = client, [], 0
         self._waited_offline = False
+
+    def _takeover_wait_s(self) -> float:
+        if self.takeover_wait_s is not None:
+            return self.takeover_wait_s
+        return getattr(self.link, "takeover_wait_s", 0.0)
 
     def _wait_for_link(self, within_s: float) -> bool:
         """Whether the link has a connection within `within_s` (polled: it reconnects on its own thread)."""

@@ -31,7 +31,7 @@ from app.user_error import UserError
 from local_draft.chat_template import ChatTemplateError, Message, template_for
 from local_draft.controller_memory import ControllerMemory
 from local_draft.draft_model import DraftModel, DraftModelError
-from local_draft.service_link import LinkState, OnState, ServiceLink
+from local_draft.service_link import TAKEOVER_WAIT_S, LinkState, OnState, ServiceLink
 from local_draft.verify_client import ServiceUnreachable, VerifyError
 from wire import grammar as grammars
 from wire.protocol import Grammar, SamplingParams
@@ -220,7 +220,10 @@ class ApiEngine:
         # the embedded service has a token of its own (app/chat/embedded_service.py); a --server, --token-file's
         embedded = self.models.embedded and self.connection.service is not None
         token = self.connection.service.token if embedded else self.models.token
-        return ServiceLink(self.url, hello, token=token, ca_file=self.models.ca_file, on_state=on_state)
+        # a --server's reply waits a moment for another replica to take its session over; the embedded
+        # service has none (it restarts, reloading its model): offline at once
+        return ServiceLink(self.url, hello, token=token, ca_file=self.models.ca_file, on_state=on_state,
+                           takeover_wait_s=0.0 if embedded else TAKEOVER_WAIT_S)
 
     def adaptive_memory(self, link: ServiceLink | None, drafter: DraftModel | None) -> ControllerMemory | None:
         """Adaptive k starts from the state saved for this service and drafter, as chat and generate do."""

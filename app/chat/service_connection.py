@@ -14,7 +14,7 @@ from app.chat.embedded_service import EmbeddedService, EmbeddedServiceError
 from app.chat.settings import ChatSettings
 from app.chat.state import Connection, EngineListener, StartupProblem
 from app.threads_flags import colocated_serve_flags
-from local_draft.service_link import LinkState, ServiceLink
+from local_draft.service_link import TAKEOVER_WAIT_S, LinkState, ServiceLink
 from local_draft.verify_client import ServiceUnreachable, VerifyError, cleartext_token_problem
 from wire.protocol import Hello
 
@@ -74,9 +74,12 @@ class ServiceConnection:
         # the embedded service has a token of its own, and proves it holds it before the chat says a word
         embedded = self.settings.embedded and self.service is not None
         token = self.service.token if embedded else self.settings.token
+        # a reply that loses a --server waits a moment for another replica to take its session over;
+        # the embedded service has no other replica (it restarts, reloading its model): offline at once
+        takeover_wait_s = 0.0 if embedded else TAKEOVER_WAIT_S
         try:
             link = ServiceLink(self.url, hello, token=token, ca_file=self.settings.ca_file,
-                               on_state=self._on_link_state, prove_service=embedded)
+                               on_state=self._on_link_state, prove_service=embedded, takeover_wait_s=takeover_wait_s)
         except ServiceUnreachable as exc:  # with no draft model (--draft ngram) there is no offline to offer
             raise StartupProblem("unreachable", str(exc), offline_possible=self.settings.drafting != "ngram") from exc
         except VerifyError as exc:
@@ -117,6 +120,9 @@ class ServiceConnection:
             elif state.detail.startswith("lost the service") and self.settings.drafting == "ngram":
                 text = ("lost the verification service: with no draft model (--draft ngram) a reply waits "
                         "for it to come back, and stops if it does not")
+            elif state.detail.startswith("lost the service") and self.link is not None and self.link.takeover_wait_s:
+                text = (f"lost the verification service: reconnecting, continuing offline if none takes over "
+                        f"within {self.link.takeover_wait_s:g} s (unverified tokens are marked)")
             elif state.detail.startswith("lost the service"):  # its reason is in the log
                 text = "lost the verification service: continuing offline, unverified tokens are marked"
             else:

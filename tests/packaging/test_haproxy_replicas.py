@@ -17,6 +17,7 @@ import pytest
 
 from benchmarks.replica_pool import ReplicaPool, haproxy_config, sessions_open
 from local_draft.service_link import ServiceLink
+from local_draft.speculator import Speculator
 from local_draft.stream_speculator import StreamSpeculator
 from wire.protocol import SamplingParams
 from tests.conftest import hello_for
@@ -41,9 +42,15 @@ def serving(pool: ReplicaPool) -> list[int]:
     return [i for i, replica in enumerate(pool.replicas) if sessions_open(replica.port) > 0]
 
 
-@pytest.mark.parametrize("stop_signal", [signal.SIGKILL, signal.SIGTERM], ids=["kill", "term"])
-def test_a_reply_survives_its_replica_dying_behind_haproxy(pool, close_draft, llamacpp_target, stop_signal):
-    link = ServiceLink(pool.url, hello_for(close_draft), backoff=FAST_BACKOFF)
+@pytest.mark.parametrize("mode, stop_signal", [("default", signal.SIGKILL), ("default", signal.SIGTERM),
+                                               ("rounds", signal.SIGKILL)], ids=["kill", "term", "rounds-kill"])
+def test_a_reply_survives_its_replica_dying_behind_haproxy(pool, close_draft, llamacpp_target, mode, stop_signal):
+    """The link's takeover wait (as `specwire generate --server` sets it): the reply, in the
+    default mode or in rounds, waits for the other replica instead of going on offline, and the
+    link said so when it lost the service."""
+    said: list[str] = []
+    link = ServiceLink(pool.url, hello_for(close_draft), backoff=FAST_BACKOFF, takeover_wait_s=10,
+                       on_state=lambda state: said.append(state.detail))
     stopped: list[int] = []
     marks: list[str] = []
 
@@ -57,12 +64,16 @@ def test_a_reply_survives_its_replica_dying_behind_haproxy(pool, close_draft, ll
 
     prompt = close_draft.tokenize("def quicksort(arr):")
     try:
-        speculator = StreamSpeculator(close_draft, link, SamplingParams(), max_block=4, takeover_wait_s=10)
-        result = speculator.generate(prompt, TOKENS, on_commit)
+        if mode == "rounds":
+            generator = Speculator(close_draft, link, SamplingParams(), k=4)
+        else:
+            generator = StreamSpeculator(close_draft, link, SamplingParams(), max_block=4)
+        result = generator.generate(prompt, TOKENS, on_commit)
     finally:
         link.close()
     assert stopped, "the reply ended before a replica could be stopped"
     assert "offline" not in marks, marks  # the other replica took the session over in time
+    assert any("continuing offline if no service takes over within 10 s" in detail for detail in said), said
     assert link.connections == 2  # one reconnect, through HAProxy, to a replica left
     assert pool.replicas[stopped[0]].process.wait(timeout=60) is not None  # the stopped one did end
     assert result.token_ids == target_alone(llamacpp_target, prompt, TOKENS)
