@@ -170,17 +170,19 @@ def test_the_drafter_rests_where_the_service_cannot_gain(service_on, close_draft
 
 
 @pytest.mark.parametrize("colocated", [True, False], ids=["same-machine", "elsewhere"])
-def test_a_fresh_drafter_beside_a_cpu_service_on_its_cores_does_not_probe(service_on, close_draft, monkeypatch,
+def test_a_fresh_drafter_beside_a_cpu_service_on_its_cores_does_not_probe(paced_service, close_draft, monkeypatch,
                                                                           colocated):
     """A fresh state, a curve whose blocks are cheaper per token than steps (a CPU service's): a
     drafter working every core of the service's machine would leave its passes a quarter of them,
     so it never starts; the same drafter beside a service elsewhere probes (the gain is measured).
-    The drafter's thread count is set here, not its llama.cpp threads: the price reads only it."""
+    The drafter's thread count is set here, not its llama.cpp threads: the price reads only it.
+    The service's passes are paced (4 ms): the tiny target alone streams faster than a busy
+    machine's client reads, and a client with frames waiting reads them before it guesses."""
     from wire.protocol import PassCost
     from wire.threads import physical_cores
 
     monkeypatch.setattr(close_draft, "n_threads", physical_cores())
-    client = VerifyClient(service_on("llamacpp").url, hello_for(close_draft))
+    client = VerifyClient(paced_service.url, hello_for(close_draft))
     client.welcome.pass_costs = [PassCost(tokens=n, ms=60.0 + 35.0 * (n - 1)) for n in (1, 2, 4, 8, 16, 32)]
     speculator = StreamSpeculator(close_draft, client, SamplingParams(), colocated=colocated)
     result = speculator.generate(close_draft.tokenize("def quicksort(arr):"), MAX_TOKENS)

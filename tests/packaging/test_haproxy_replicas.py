@@ -30,10 +30,14 @@ STOP_AFTER = 12
 PACE = ("h100x2-70b-fp8", 3.0)
 
 
+STOPS = [("default", signal.SIGKILL), ("default", signal.SIGTERM), ("rounds", signal.SIGKILL)]
+
+
 @pytest.fixture(scope="module")
 def pool(tiny, tmp_path_factory):
-    """Three replicas: each case stops the one serving its reply, and at least two are left for the next."""
-    with ReplicaPool(tiny.target_gguf, 3, tmp_path_factory.mktemp("replicas"), pace=PACE) as running:
+    """A replica per case and one more: each case stops the one serving its reply, and at least two
+    are left for the next."""
+    with ReplicaPool(tiny.target_gguf, len(STOPS) + 1, tmp_path_factory.mktemp("replicas"), pace=PACE) as running:
         yield running
 
 
@@ -42,15 +46,11 @@ def serving(pool: ReplicaPool) -> list[int]:
     return [i for i, replica in enumerate(pool.replicas) if sessions_open(replica.port) > 0]
 
 
-@pytest.mark.parametrize("mode, stop_signal", [("default", signal.SIGKILL), ("default", signal.SIGTERM),
-                                               ("rounds", signal.SIGKILL)], ids=["kill", "term", "rounds-kill"])
+@pytest.mark.parametrize("mode, stop_signal", STOPS, ids=["kill", "term", "rounds-kill"])
 def test_a_reply_survives_its_replica_dying_behind_haproxy(pool, close_draft, llamacpp_target, mode, stop_signal):
     """The link's takeover wait (as `specwire generate --server` sets it): the reply, in the
-    default mode or in rounds, waits for the other replica instead of going on offline, and the
-    link said so when it lost the service."""
-    said: list[str] = []
-    link = ServiceLink(pool.url, hello_for(close_draft), backoff=FAST_BACKOFF, takeover_wait_s=10,
-                       on_state=lambda state: said.append(state.detail))
+    default mode or in rounds, waits for another replica instead of going on offline."""
+    link = ServiceLink(pool.url, hello_for(close_draft), backoff=FAST_BACKOFF, takeover_wait_s=10)
     stopped: list[int] = []
     marks: list[str] = []
 
@@ -73,7 +73,6 @@ def test_a_reply_survives_its_replica_dying_behind_haproxy(pool, close_draft, ll
         link.close()
     assert stopped, "the reply ended before a replica could be stopped"
     assert "offline" not in marks, marks  # the other replica took the session over in time
-    assert any("continuing offline if no service takes over within 10 s" in detail for detail in said), said
     assert link.connections == 2  # one reconnect, through HAProxy, to a replica left
     assert pool.replicas[stopped[0]].process.wait(timeout=60) is not None  # the stopped one did end
     assert result.token_ids == target_alone(llamacpp_target, prompt, TOKENS)
