@@ -147,3 +147,29 @@ def test_a_stop_while_the_target_loads_ends_the_service_at_once(own_llamacpp_tar
         assert not thread.is_alive() and time.monotonic() - started < 5 and ready == []
     finally:
         release.set()
+
+
+def test_a_drain_does_not_wait_long_for_a_client_that_stopped_answering(own_llamacpp_target, close_draft):
+    """An idle session whose client's link stalled (no byte moves either way, nothing closed) when
+    the service drains: its 1001 is never acknowledged, and the service ends within the close
+    timeout (CLOSE_TIMEOUT_S) instead of websockets' 10 s default, per such connection. (A SIGTERM
+    drain took 4 to 22 s in the soak, behind a link that stalls.)"""
+    from app.latency_proxy import LatencyProxy
+    from remote_verify.server import CLOSE_TIMEOUT_S
+
+    running = RunningService(own_llamacpp_target)
+    proxy = LatencyProxy(running.url)
+    url = proxy.start_in_thread()
+    stalled = open_session(url, close_draft)
+    try:
+        assert wait_for(lambda: len(running.service.sessions) == 1)
+        proxy.stall_all(60)
+        time.sleep(0.2)  # the stall is in place (the proxy's own loop)
+        started = time.monotonic()
+        running.close()
+        took = time.monotonic() - started
+    finally:
+        proxy.stop()
+        stalled.socket.close()
+    assert not running.thread.is_alive()
+    assert took < CLOSE_TIMEOUT_S + 2.0, took
