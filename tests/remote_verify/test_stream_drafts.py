@@ -159,11 +159,17 @@ def test_guesses_fill_what_the_pass_budget_leaves(llamacpp_target):
     session.close()
 
 
+def typical_s(n: int) -> float:
+    """The scripted backend's typical pass of n tokens."""
+    return 0.01 + 0.001 * n
+
+
 def test_calibration_records_a_typical_pass_not_a_cold_or_disturbed_one():
     """The curve a Welcome carries is what clients decide to draft by: the first pass of each size
     (allocations) and one run taken by a neighbour must not make it. A stand-in backend whose
     passes take scripted times (a real one cannot be disturbed on cue): each size's first run
-    costs 20x, one later run 10x; the recorded cost is the typical one."""
+    costs 20x, one later run 10x; the recorded cost is the typical one, within 3x. (A typical pass of
+    about 10 ms: a busy machine oversleeps by milliseconds, which one of 2 ms did not survive.)"""
     import time as clock
 
     class ScriptedBackend:
@@ -178,7 +184,7 @@ def test_calibration_records_a_typical_pass_not_a_cold_or_disturbed_one():
         def forward(self, cache, tokens, n_logits):
             n = len(tokens)
             run = self.runs[n] = self.runs.get(n, 0) + 1
-            typical = 0.002 * n
+            typical = typical_s(n)
             clock.sleep(typical * (20 if run == 1 else 10 if run == 3 else 1))
 
         def truncate(self, cache, length):
@@ -187,4 +193,4 @@ def test_calibration_records_a_typical_pass_not_a_cold_or_disturbed_one():
     costs = PassCosts()
     costs.calibrate(ScriptedBackend())
     for n in (1, 2, 4, 8, 16):
-        assert costs.seconds(n) < 0.002 * n * 3, (n, costs.seconds(n))
+        assert costs.seconds(n) < typical_s(n) * 3, (n, costs.seconds(n))  # a mean of the runs would be 4x
