@@ -140,8 +140,8 @@ class ServiceLink:
             client.close()
 
     def _reconnect(self, old: VerifyClient | None) -> None:
-        if old is not None:
-            old.close()
+        if old is not None:  # a stalled connection's close waits out its handshake (2 s): not before the reconnect
+            threading.Thread(target=old.close, name="specwire-close", daemon=True).start()
         for delay in self._backoff.delays():
             self._notify(LinkState(False, f"service unreachable, retrying in {delay:.1f} s", delay))
             self._wake.wait(delay)  # or sooner, on retry_now() or close()
