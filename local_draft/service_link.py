@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -126,6 +127,15 @@ class ServiceLink:
         if self.takeover_wait_s > 0:
             return f"reconnecting, continuing offline if no service takes over within {self.takeover_wait_s:g} s"
         return "continuing offline"
+
+    def wait_connected(self, within_s: float) -> bool:
+        """Whether the link has a connection within `within_s` (polled: it reconnects on its own thread)."""
+        deadline = time.monotonic() + within_s
+        while self.current() is None:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
 
     def retry_now(self) -> None:
         """Try to reconnect at once instead of at the next backoff step (the service is known to be back)."""

@@ -83,6 +83,9 @@ class FixedLink:
     def lost(self, reason: str) -> None:
         raise ServiceUnreachable(reason)
 
+    def wait_connected(self, within_s: float) -> bool:
+        return True
+
 
 @dataclass
 class DraftedAhead:
@@ -366,27 +369,15 @@ class Speculator:
             if not self._waited_offline:  # once an outage: a replica may take the session over in a moment
                 self._waited_offline = True
                 wait_s = getattr(self.link, "takeover_wait_s", 0.0)
-                if wait_s > 0 and self._wait_for_link(wait_s):
+                if wait_s > 0 and self.link.wait_connected(wait_s):
                     return [], []
             return self._offline_round(history, stats)
-        deadline = time.monotonic() + self.resume_within_s
-        while self.link is None or self.link.current() is None:
-            if self.link is None or time.monotonic() >= deadline:
-                raise ServiceUnreachable(
-                    "the verification service is unreachable, and n-gram drafting (--draft ngram) has no "
-                    "local model to continue offline" + (f" (waited {self.resume_within_s:g} s for it to come back)"
-                                                          if self.resume_within_s else ""))
-            time.sleep(0.05)
+        if self.link is None or not self.link.wait_connected(self.resume_within_s):
+            raise ServiceUnreachable(
+                "the verification service is unreachable, and n-gram drafting (--draft ngram) has no "
+                "local model to continue offline" + (f" (waited {self.resume_within_s:g} s for it to come back)"
+                                                      if self.resume_within_s else ""))
         return [], []
-
-    def _wait_for_link(self, within_s: float) -> bool:
-        """Whether the link has a connection within `within_s` (it reconnects on its own thread)."""
-        deadline = time.monotonic() + within_s
-        while self.link.current() is None:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.02)
-        return True
 
     def _offline_round(self, history: list[int], stats: GenerationStats) -> tuple[list[int], list[str]]:
         """The draft model alone, one token from its full distribution: unverified."""

@@ -595,13 +595,8 @@ class StreamSpeculator:
         return getattr(self.link, "takeover_wait_s", 0.0)
 
     def _wait_for_link(self, within_s: float) -> bool:
-        """Whether the link has a connection within `within_s` (polled: it reconnects on its own thread)."""
-        deadline = time.monotonic() + within_s
-        while self.link is None or self.link.current() is None:
-            if self.link is None or time.monotonic() >= deadline:
-                return False
-            time.sleep(0.02)
-        return True
+        """Whether there is a link and it has a connection within `within_s`."""
+        return self.link is not None and self.link.wait_connected(within_s)
 
     def _forget_client(self) -> None:
         self._client, self._service_history, self._seq = None, [], 0
