@@ -23,7 +23,9 @@ the load. Reported (and written with --json):
   link_down_p99_s: from a link noticing the loss to its new connection;
   the services' RSS and open files every --sample-every seconds; rss_growth: the never-stopped
   replica's RSS in the last sample under load over its RSS after the first minute, minus one
-  (rss_growth_idle: once the clients have gone); open_files at its start, and after the
+  (rss_growth_idle: once the clients have gone); rss_growth_same_kv: the same last sample over
+  the first after the first minute whose KV pools held as many slots (a pool grows with the
+  sessions a replica holds, and a kill sends it all of them); open_files at its start, and after the
   clients closed;
   errors by kind: the warnings and errors the replicas logged (JSON lines) and the clients',
   planned (a planned fault's) or not.
@@ -41,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -58,6 +61,17 @@ TAKEOVER_WAIT_S = 10.0  # a client waits this long for a replica to take over be
 # what the planned faults make services and clients log: a kill, a drain, a cut link
 PLANNED = ("is DOWN", "is UP", "shutting down", "lost the verification service", "continuing offline", "did not finish in time",
            "keepalive ping timeout", "no verification service after", "closing N session")
+
+
+def read_kv_slots(port: int) -> int | None:
+    """A replica's specwire_kv_cache_slots from its /metrics (None when it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    return next((int(float(line.split()[-1])) for line in text.splitlines()
+                 if line.startswith("specwire_kv_cache_slots ")), None)
 
 
 def read_proc(pid: int) -> tuple[int, int] | None:
@@ -203,7 +217,8 @@ class Soak:
             read = read_proc(pid) if pid else None
             if read:
                 self.samples.append({"t_s": now, "replica": number, "pid": pid, "rss_mib": round(read[0] / 2**20, 1),
-                                     "open_files": read[1], "age_s": round(time.monotonic() - replica.started_at, 1),
+                                     "open_files": read[1], "kv_slots": read_kv_slots(replica.port),
+                                     "age_s": round(time.monotonic() - replica.started_at, 1),
                                      **({"label": label} if label else {})})
 
     # ---- the run --------------------------------------------------------------------------------
@@ -287,6 +302,11 @@ class Soak:
         end = next((s for s in mine if s.get("label") == "end"), None)
         loaded = [s for s in mine if not s.get("label")]
         last_loaded = loaded[-1] if loaded else None  # the last sample while the clients ran
+        # A KV pool grows with the sessions a replica holds (after a kill, all of them) and keeps its
+        # size until they fall to a quarter: set the last sample against the first one after the
+        # first minute with pools of the same size, so growth means memory the pools do not explain.
+        same_kv = next((s for s in loaded if s["age_s"] >= 60 and last_loaded
+                        and s.get("kv_slots") == last_loaded.get("kv_slots")), None)
         errors = service_errors + client_kinds + self.client_errors
         unplanned = {kind: n for kind, n in errors.items() if not any(p in kind for p in PLANNED)}
         return {
@@ -311,6 +331,11 @@ class Soak:
             # under load, the last sample over the first minute's; and once the clients have gone
             "rss_growth": (round(last_loaded["rss_mib"] / after_minute["rss_mib"] - 1, 4)
                            if last_loaded and after_minute else None),
+            "kv_slots_after_first_minute": after_minute.get("kv_slots") if after_minute else None,
+            "kv_slots_last_under_load": last_loaded.get("kv_slots") if last_loaded else None,
+            "rss_growth_same_kv": (round(last_loaded["rss_mib"] / same_kv["rss_mib"] - 1, 4)
+                                   if same_kv and last_loaded else None),
+            "rss_same_kv_since_s": same_kv["t_s"] if same_kv else None,
             "rss_growth_idle": round(end["rss_mib"] / after_minute["rss_mib"] - 1, 4) if end and after_minute else None,
             "open_files_start": start["open_files"] if start else None,
             "open_files_end": end["open_files"] if end else None,

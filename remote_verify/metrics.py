@@ -73,6 +73,9 @@ class ServiceMetrics:
         self.stream_passes = Counter("specwire_stream_passes", "passes of streamed generation", registry=r)
         self.committed = Counter("specwire_committed_tokens", "tokens committed by rounds and streams: divided "
                                  "into the passes and the busy time, what speculation saves the device", registry=r)
+        self.kv_slots = Gauge("specwire_kv_cache_slots", "sessions' KV cache slots allocated now (llama.cpp "
+                              "pools; a pool keeps its size a while after sessions leave, so memory follows "
+                              "this, not the sessions open; 0 on other backends)", registry=r)
         self.busy_seconds = Gauge("specwire_target_busy_seconds", "the device's time in forward passes, since "
                                   "the start", registry=r)
         self.vocab_downloads = Counter("specwire_vocab_downloads", "vocabulary files sent (GET /vocab.gguf)",

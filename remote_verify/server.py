@@ -133,6 +133,7 @@ class VerifyService:
         self.metrics.pass_members.set_function(lambda: self.queue.shared_items)
         self.metrics.micro_batches.set_function(lambda: getattr(self.backend, "ubatches", 0))
         self.metrics.padding_tokens.set_function(lambda: getattr(self.backend, "padded_tokens", 0))
+        self.metrics.kv_slots.set_function(lambda: getattr(self.backend, "kv_slots", 0))
         self.metrics.busy_seconds.set_function(lambda: self.queue.busy_s)
         self.sessions: dict[str, Session] = {}
         self._connections: dict[str, ServerConnection] = {}

@@ -209,6 +209,11 @@ class LlamaCppTarget:
         log.info("target %s with llama.cpp (%s, %s), vocab %d", self.path.name, self.name,
                  "batch-invariant" if self.batch_invariant else "batch-shaped kernels", self.vocab_size)
 
+    @property
+    def kv_slots(self) -> int:
+        """The sessions' slots allocated in every pool (/metrics: specwire_kv_cache_slots)."""
+        return sum(pool.slots for pool in self._pools)
+
     def kv_bytes_per_session(self) -> int:
         """A slot's KV memory: max_context positions of float32 keys and values in every layer."""
         model = self.model.model

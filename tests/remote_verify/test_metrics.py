@@ -209,3 +209,29 @@ def test_metrics_are_behind_the_token_unless_made_public(new_llamacpp_target):
     finally:
         guarded.close()
         public.close()
+
+
+def test_kv_cache_slots_follow_the_pools_not_the_sessions(own_llamacpp_target, close_draft):
+    """specwire_kv_cache_slots counts the KV slots the llama.cpp pools hold: a pool doubles as
+    sessions arrive (1, 2, 4), keeps its size while some stay (it shrinks later), and every pool
+    is freed when the last session closes. An operator reads a replica's memory against it."""
+    running = RunningService(own_llamacpp_target)
+    clients = []
+    try:
+        def slots() -> float:
+            return scrape(running.url)[1][("specwire_kv_cache_slots", ())]
+
+        assert slots() == 0
+        for opened, pool in ((1, 1), (2, 2), (3, 4)):
+            clients.append(VerifyClient(running.url, hello_for(close_draft)))
+            assert wait_for(lambda: slots() == pool), f"{opened} sessions: {slots()} slots, not {pool}"
+        clients.pop().close()
+        time.sleep(0.3)
+        assert slots() == 4  # two sessions left in a pool of four: kept (a quarter or fewer shrinks, later)
+        while clients:
+            clients.pop().close()
+        assert wait_for(lambda: slots() == 0), "the last session's close did not free the pools"
+    finally:
+        for client in clients:
+            client.close()
+        running.close()
