@@ -48,7 +48,9 @@ from benchmarks import service_level
 from benchmarks.emulation.serve import start_emulated_service
 from wire.protocol import SamplingParams
 
-MODES = ("default", "chain", "server", "rounds", "k0")  # chain: the default mode with trees off
+# chain: the default mode with trees off; trees2 / trees4 / trees8: with every tree that wide (the
+# controller's choice between trees and chains bypassed, to compare shapes)
+MODES = ("default", "chain", "trees2", "trees4", "trees8", "server", "rounds", "k0")
 USERS_RATE = 20.0  # tokens/s a user should get: "users served at 20 tokens/s or more"
 
 
@@ -121,10 +123,11 @@ def _generator(mode: str, draft: EmulatedDraft, client, params: SamplingParams):
 
     if mode == "server":
         return ServerOnlyGenerator(client, draft.end_ids)
-    if mode in ("default", "chain"):
+    if mode in ("default", "chain") or mode.startswith("trees") and mode in MODES:
         # the emulated service stands for a GPU elsewhere, behind the proxy's round trip (its
         # loopback address would otherwise count it as sharing this machine's cores)
-        return StreamSpeculator(draft, client, params, colocated=False, trees=mode == "default")
+        return StreamSpeculator(draft, client, params, colocated=False, trees=mode != "chain",
+                                tree_width=int(mode[5:]) if mode.startswith("trees") else None)
     if mode == "rounds":
         return Speculator(draft, client, params, k=None, pipeline=True)
     if mode == "k0":

@@ -107,6 +107,7 @@ class StreamController:
     trees: bool = False  # the service verifies trees and the drafter decodes branches together
     batch_cost: dict = field(default_factory=dict)  # width -> the drafter's cost of a level of it over one guess
     width: int = 1  # the tree's branches in force (1: a chain)
+    pinned_width: int | None = None  # a width fixed from outside (benchmarks compare shapes); None: chosen
     rest_tokens: int = 0  # tokens to rest before the next probe (0: probe as soon as drafting may pay)
 
     def __post_init__(self) -> None:
@@ -229,6 +230,9 @@ class StreamController:
     def choose_width(self) -> int:
         """The tree's branches for the next guesses (1: a chain): the model's best width where it
         beats the chain by TREE_MARGIN, kept only while trees measure faster than chains."""
+        if self.pinned_width is not None:  # a benchmark compares shapes: no model, no measurement
+            self.width = self.pinned_width if self.trees else 1
+            return self.width
         modelled = self.modelled_width()
         tree = modelled > 1
         if tree and self._shape_tokens >= PROBE_TOKENS:  # the shape in use has run its course

@@ -114,7 +114,8 @@ class StreamSpeculator:
                  end_ids: Iterable[int] | None = None, resume_within_s: float = 0.0,
                  takeover_wait_s: float | None = None,
                  colocated: bool | None = None,
-                 grammar: Grammar | None = None, logprobs: int = -1, trees: bool = True):
+                 grammar: Grammar | None = None, logprobs: int = -1, trees: bool = True,
+                 tree_width: int | None = None):
         self.draft, self.end_ids = drafter_and_end_ids(draft, drafting, end_ids)
         self.logprobs = logprobs  # -1: none; n: the target's log probability of each token and its n most likely
         self.token_logprobs: list[TokenLogprobs | None] = []  # the generation's, one per token (None: made offline)
@@ -141,7 +142,9 @@ class StreamSpeculator:
         self.seed = seed if seed is not None else fresh_seed()
         self.randomness = DecisionRandomness(self.seed)
         self.rng = draft_generator(self.seed)  # offline tokens only
-        self.controller = StreamController(max_block=max_block)
+        # tree_width: every tree that width, wherever trees are verified (benchmarks compare shapes);
+        # None: the controller chooses by the costs and the measured rates
+        self.controller = StreamController(max_block=max_block, pinned_width=tree_width)
         self._share_of_cores: float | None = None  # read once, when a service shares this machine (from sysfs)
         self.controller.new_reply()
         self.stats = GenerationStats()
@@ -266,8 +269,10 @@ class StreamSpeculator:
                     self._add_forced(history, chain)  # free guesses, whether or not the model drafts now
                 horizon = self.controller.horizon(stats.tokens_per_s) if drafting else 0
                 if isinstance(chain, DraftTree):
-                    horizon = min(horizon, MAX_TREE_DEPTH)  # a deeper tree is refused (wire/limits.py)
-                wants_guess = drafting and chain.levels < horizon
+                    chain.reach(min(horizon, MAX_TREE_DEPTH), self.end_ids)  # deeper is refused (wire/limits.py)
+                    wants_guess = drafting and bool(chain.open)
+                else:
+                    wants_guess = drafting and chain.levels < horizon
                 if not wants_guess and chain.sent < len(chain.tokens):
                     self._send(client, seq, chain)  # before waiting: what was guessed goes out
                 if not wants_guess and not cancelled and should_stop is not None:

@@ -131,3 +131,17 @@ def test_trees_measured_slower_than_chains_give_way_to_chains():
         controller.observe_frame(2, 0.010, True)  # chains: 200 tokens/s
         controller.choose_width()
     assert controller.width == 1
+
+
+def test_a_pinned_width_is_kept_where_trees_are_verified_and_chains_elsewhere():
+    """A width fixed from outside (`benchmarks.load --modes trees4`) holds even where the costs
+    favour chains (Metal's branches), and gives way to chains where the service verifies none."""
+    controller = StreamController(curve=SEVENTY_B, colocated=False, trees=True, batch_cost=dict(METAL_BATCH),
+                                  pinned_width=4)
+    controller.observe_guess_time(0.0051)
+    assert controller.modelled_width() == 1 and controller.choose_width() == 4
+    for _ in range(100):
+        controller.observe_frame(2, 0.020, True)
+        assert controller.choose_width() == 4
+    controller.trees = False
+    assert controller.choose_width() == 1
