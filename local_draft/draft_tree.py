@@ -11,10 +11,7 @@ splits where the drafter hesitates, stays a chain where it does not, and a branc
 grows again once it is likelier than the deepest leaves (SpecExec's best-first choice, a level
 of `width` leaves at a time). That also keeps the tree growing after the stream took a branch
 whose leaves had been left: a tree that could not grow there waited for the stream to pass its
-end, then a round trip for a new one. The first-choice path stops at the stream's horizon (how far
-the stream can get before the client hears of its next pass); past it the drafter would wait, so
-the likeliest leaves above it grow instead: the alternatives get subtrees of their own, and a
-stream that takes one keeps guesses to verify while the client hears of it. A whole tree replaces the one before it at the
+end, then a round trip for a new one. A whole tree replaces the one before it at the
 service (wire/protocol.py `Draft`), which follows it through what it commits, so it is sent again
 only when it grew.
 
@@ -29,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from wire.draft_tree import ROOT
-from wire.limits import MAX_TREE_DEPTH, MAX_TREE_NODES
+from wire.limits import MAX_TREE_NODES
 
 # A first choice the drafter gives less than this gets its alternatives beside it. The drafter's
 # probability is about its chance of being right (Leviathan et al.: acceptance tracks the draft's
@@ -56,10 +53,6 @@ class DraftTree:
     rank: list[int] = field(default_factory=list)  # 0: the node is its parent's first choice, 1: the second
     chance: list[float] = field(default_factory=list)  # the drafter's probability of the path to the node
     open: list[int] = field(default_factory=lambda: [ROOT])  # leaves grown at the next level
-    # Leaves at this depth are not grown: the stream cannot reach them before the client hears of
-    # its next pass (the stream controller's horizon). The drafter then grows the likeliest leaves
-    # above it, the alternatives, where it would otherwise wait.
-    horizon: int = MAX_TREE_DEPTH
     sent: int = 0  # tokens[:sent] are at the service (the tree is resent whole when it grew)
     sources: list[str] = field(default_factory=list)  # "model" for every node (as a chain's record)
     _grown: set = field(default_factory=set)  # nodes (ROOT too) whose children were added
@@ -107,26 +100,13 @@ class DraftTree:
         self.open = self._likeliest_leaves(end_ids)
         return born
 
-    def reach(self, horizon: int, end_ids: frozenset[int]) -> None:
-        """Grow no leaf at depth `horizon` or deeper from now on (the open leaves are chosen again)."""
-        if horizon != self.horizon:
-            self.horizon = horizon
-            self.open = self._likeliest_leaves(end_ids)
-
     def _likeliest_leaves(self, end_ids: frozenset[int]) -> list[int]:
-        """The `width` likeliest nodes not grown yet above the horizon (nothing follows an end token),
-        those at least OPEN_RATIO as likely as the first, in node order."""
-        if len(self.tokens) >= MAX_TREE_NODES or self.horizon <= 0:
+        """The `width` likeliest nodes not grown yet (nothing follows an end token), those at least
+        OPEN_RATIO as likely as the first, in node order."""
+        if len(self.tokens) >= MAX_TREE_NODES:
             return []
-        if not self.tokens:
-            return [] if ROOT in self._grown else [ROOT]
-        depths: list[int] = []
-        for parent in self.parents:  # parents come before their children
-            depths.append(1 if parent == ROOT else depths[parent] + 1)
         leaves = [node for node in range(len(self.tokens))
-                  if node not in self._grown and self.tokens[node] not in end_ids and depths[node] < self.horizon]
-        if not leaves:
-            return []
+                  if node not in self._grown and self.tokens[node] not in end_ids]
         likeliest = sorted(leaves, key=lambda node: -self.chance[node])[:self.width]
         return sorted(node for node in likeliest if self.chance[node] >= OPEN_RATIO * self.chance[likeliest[0]])
 
@@ -154,8 +134,7 @@ class DraftTree:
         for token in committed[:right]:
             node = next(kid for kid in children[node] if self.tokens[kid] == token)
         index = {node: ROOT}
-        rest = DraftTree(number if self.sent == len(self.tokens) else -1, self.start + right, self.width, open=[],
-                         horizon=self.horizon)
+        rest = DraftTree(number if self.sent == len(self.tokens) else -1, self.start + right, self.width, open=[])
         for i in range(node + 1, len(self.tokens)):
             if self.parents[i] in index:
                 index[i] = len(rest.tokens)

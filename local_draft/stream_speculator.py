@@ -269,10 +269,8 @@ class StreamSpeculator:
                     self._add_forced(history, chain)  # free guesses, whether or not the model drafts now
                 horizon = self.controller.horizon(stats.tokens_per_s) if drafting else 0
                 if isinstance(chain, DraftTree):
-                    chain.reach(min(horizon, MAX_TREE_DEPTH), self.end_ids)  # deeper is refused (wire/limits.py)
-                    wants_guess = drafting and bool(chain.open)
-                else:
-                    wants_guess = drafting and chain.levels < horizon
+                    horizon = min(horizon, MAX_TREE_DEPTH)  # a deeper tree is refused (wire/limits.py)
+                wants_guess = drafting and chain.levels < horizon
                 if not wants_guess and chain.sent < len(chain.tokens):
                     self._send(client, seq, chain)  # before waiting: what was guessed goes out
                 if not wants_guess and not cancelled and should_stop is not None:

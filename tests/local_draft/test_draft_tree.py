@@ -53,38 +53,3 @@ def test_the_subtree_the_stream_took_keeps_growing_from_its_likeliest_leaves():
     assert below is not None and below.number == 3 and below.start == 2
     assert tree.open == [len(tree.tokens) - 2]  # the beam had left the second branch
     assert [below.path(node) for node in below.open] == [(22, 32, 42)]
-
-
-def test_past_the_horizon_the_alternatives_grow_instead_of_the_first_choices():
-    """With the first-choice path at the stream's horizon, the drafter grows the likeliest leaves
-    above it (an alternative's subtree) instead of waiting; a wider horizon opens the path again."""
-    tree = DraftTree(number=1, start=0, width=2)
-    tree.reach(3, END)
-    _grow(tree, lambda path: [(1, 0.6), (2, 0.3)])  # unsure: both branches
-    for _ in range(2):
-        _grow(tree, lambda path: [(path[-1] + 10, 0.95)])  # (1, 11, 21) and (2, 12, 22)
-    # the first branch reached depth 3, so did the second: nothing above the horizon is left to grow
-    assert tree.open == []
-    tree.reach(4, END)
-    assert [tree.path(node) for node in tree.open] == [(1, 11, 21), (2, 12, 22)]
-    chain = DraftTree(number=2, start=0, width=1)
-    chain.reach(2, END)
-    _grow(chain, lambda path: [(len(path) + 1, 0.5), (7, 0.4)])  # width 1: a chain, no alternatives
-    _grow(chain, lambda path: [(len(path) + 1, 0.99)])
-    assert chain.tokens == [1, 2] and chain.open == []
-
-
-def test_the_first_choice_path_at_the_horizon_leaves_room_for_an_alternative_subtree():
-    """Width 1 past an unsure level: best-first would grow only the first choice; once that path
-    is at the horizon, the alternative (beside it since the drafter was unsure) grows its own."""
-    tree = DraftTree(number=1, start=0, width=1)
-    tree.width = 2
-    _grow(tree, lambda path: [(1, 0.7), (2, 0.25)])
-    tree.width = 1
-    tree.reach(3, END)
-    _grow(tree, lambda path: [(path[-1] + 10, 0.95)])  # only (1,): likelier
-    _grow(tree, lambda path: [(path[-1] + 10, 0.95)])
-    assert tree.path(len(tree.tokens) - 1) == (1, 11, 21)
-    assert [tree.path(node) for node in tree.open] == [(2,)]  # the first-choice path is at the horizon
-    _grow(tree, lambda path: [(path[-1] + 10, 0.95)])
-    assert tree.path(len(tree.tokens) - 1) == (2, 12)
