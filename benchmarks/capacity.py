@@ -50,7 +50,8 @@ from wire.protocol import SamplingParams
 
 # chain: the default mode with trees off; trees2 / trees4 / trees8: with every tree that wide (the
 # controller's choice between trees and chains bypassed, to compare shapes)
-MODES = ("default", "chain", "trees2", "trees4", "trees8", "server", "rounds", "k0")
+PINNED_TREE_MODES = {"trees2": 2, "trees4": 4, "trees8": 8}
+MODES = ("default", "chain", *PINNED_TREE_MODES, "server", "rounds", "k0")
 USERS_RATE = 20.0  # tokens/s a user should get: "users served at 20 tokens/s or more"
 
 
@@ -123,11 +124,11 @@ def _generator(mode: str, draft: EmulatedDraft, client, params: SamplingParams):
 
     if mode == "server":
         return ServerOnlyGenerator(client, draft.end_ids)
-    if mode in ("default", "chain") or mode.startswith("trees") and mode in MODES:
+    if mode in ("default", "chain") or mode in PINNED_TREE_MODES:
         # the emulated service stands for a GPU elsewhere, behind the proxy's round trip (its
         # loopback address would otherwise count it as sharing this machine's cores)
         return StreamSpeculator(draft, client, params, colocated=False, trees=mode != "chain",
-                                tree_width=int(mode[5:]) if mode.startswith("trees") else None)
+                                tree_width=PINNED_TREE_MODES.get(mode))
     if mode == "rounds":
         return Speculator(draft, client, params, k=None, pipeline=True)
     if mode == "k0":

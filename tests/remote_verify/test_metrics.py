@@ -226,7 +226,7 @@ def test_kv_cache_slots_follow_the_pools_not_the_sessions(own_llamacpp_target, c
             clients.append(VerifyClient(running.url, hello_for(close_draft)))
             assert wait_for(lambda: slots() == pool), f"{opened} sessions: {slots()} slots, not {pool}"
         clients.pop().close()
-        time.sleep(0.3)
+        assert wait_for(lambda: scrape(running.url)[1][("specwire_sessions_open", ())] == 2)
         assert slots() == 4  # two sessions left in a pool of four: kept (a quarter or fewer shrinks, later)
         while clients:
             clients.pop().close()
