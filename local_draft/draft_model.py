@@ -82,6 +82,7 @@ class DraftModel:
         self.n_ctx = n_ctx
         self._vocab = llama_cpp.llama_model_get_vocab(self._llama.model)
         self.vocab_size = self._llama.n_vocab()
+        self._logits_row = ctypes.c_float * self.vocab_size  # a row of llama.cpp's logits, read by address
         self.bos_id = self._llama.token_bos()
         self.eos_id = self._llama.token_eos()
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
@@ -329,8 +330,8 @@ class DraftModel:
 
     def _logits_at(self, row: int) -> np.ndarray:
         pointer = llama_cpp.llama_get_logits_ith(self._llama.ctx, row)
-        return np.ctypeslib.as_array(
-            ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), shape=(self.vocab_size,)).copy()
+        # by address: np.ctypeslib.as_array builds an array interface on every call (9 us against 3)
+        return np.frombuffer(self._logits_row.from_address(ctypes.addressof(pointer.contents)), np.float32).copy()
 
     def _check_room(self, context: Sequence[int], k: int) -> None:
         if len(context) + k > self.n_ctx:

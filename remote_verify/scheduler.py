@@ -305,8 +305,10 @@ class DeviceQueue:
             self._turns.remove(session)
             self._clock = max(self._clock, self._charged[session])
             first = self._take(session)
-            piece = self._piece_limit(session, first.work)
-            self._cut(first, self._cut_limit(first, piece, session))
+            if isinstance(first.work, Shareable):  # a feed too short to cut needs no piece priced
+                short = not first.cut and self._size(first.work) <= UNCUT_TOKENS
+                self._cut(first, UNCUT_TOKENS if short else
+                          self._cut_limit(first, self._piece_limit(session, first.work), session))
             taken = [first]
             work = first.work
             self._charged[session] += self._size(work) if isinstance(work, Shareable) else 1
@@ -319,7 +321,7 @@ class DeviceQueue:
                     if not isinstance(head, Shareable) or head.backend is not work.backend:
                         continue  # it keeps its place in line and runs in its own turn
                     size = self._size(head)
-                    if size <= left and size <= piece:  # a long feed is cut in its own turn, not here
+                    if size <= left and size <= self._piece_limit(first.session, work):  # a long feed is cut in its own turn, not here
                         self._turns.remove(session)
                         taken.append(self._take(session))
                         self._charged[session] += size
@@ -348,7 +350,10 @@ class DeviceQueue:
         work = item.work
         if not isinstance(work, Shareable) or work.split is None:
             return False
-        return self._size(work) > self._cut_limit(item, self._piece_limit(session, work), session)
+        size = self._size(work)
+        if size <= UNCUT_TOKENS and not item.cut:  # never cut (`_cut_limit`): no piece to price
+            return False
+        return size > self._cut_limit(item, self._piece_limit(session, work), session)
 
     def _cut_limit(self, item: _Item, piece: int, session: Hashable) -> int:
         """The tokens `item` may feed in this turn, `piece` being what the cost curve allows: a feed of

@@ -352,6 +352,7 @@ class VerifyService:
         idle = IdleClock(self.guard.idle_timeout_s)  # frames either way keep the session alive
         stream = self._streams[session.id] = ServerOnlyStream(session, self.queue, ws, self.metrics,
                                                                on_send=idle.touch, costs=self.queue.costs)
+        closed = asyncio.ensure_future(ws.wait_closed())  # one watch for the session, not one per frame
         try:
             while True:
                 try:
@@ -368,7 +369,7 @@ class VerifyService:
                 arrived = time.perf_counter()
                 self._busy.add(session.id)
                 try:
-                    reply = await self._unless_closed(ws, self._answer(session, frame, bucket, arrived, slog, stream))
+                    reply = await self._unless_closed(closed, self._answer(session, frame, bucket, arrived, slog, stream))
                     if reply is not None:  # a stream answers with its own frames
                         await ws.send(encode(reply))
                         idle.touch()
@@ -390,21 +391,19 @@ class VerifyService:
         except ConnectionClosed:
             pass
         finally:
+            closed.cancel()
             stream.stop()
             self._streams.pop(session.id, None)
             await self._close_session(session)
             slog.info("closed after %d committed tokens", len(session.committed))
 
     @staticmethod
-    async def _unless_closed(ws: ServerConnection, answering):
-        """The answer, or ConnectionClosed as soon as the client is gone: its work still queued (the
-        pieces of a long prefill, minutes of a CPU) is cancelled, not run for nobody."""
+    async def _unless_closed(closed: asyncio.Future, answering):
+        """The answer, or ConnectionClosed as soon as the client is gone (`closed`, the connection's
+        wait_closed): its work still queued (the pieces of a long prefill, minutes of a CPU) is
+        cancelled, not run for nobody."""
         task = asyncio.ensure_future(answering)
-        closed = asyncio.ensure_future(ws.wait_closed())
-        try:
-            await asyncio.wait({task, closed}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            closed.cancel()
+        await asyncio.wait({task, closed}, return_when=asyncio.FIRST_COMPLETED)
         if not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -188,6 +188,7 @@ class LlamaCppTarget:
         self.model = LlamaModel(path_model=str(self.path), params=params, verbose=False)
         self._vocab = llama_cpp.llama_model_get_vocab(self.model.model)
         self.vocab_size = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self._logits_row = ctypes.c_float * self.vocab_size  # a row of llama.cpp's logits, read by address
         self.max_context = min(max_context, int(llama_cpp.llama_model_n_ctx_train(self.model.model)))
         offload = llama_cpp.llama_supports_gpu_offload() and gpu_layers != 0
         if slots is None:  # `sessions`: the service's --max-sessions
@@ -456,4 +457,5 @@ class LlamaCppTarget:
 
     def _logits_view(self, pool: KvPool, row: int) -> np.ndarray:
         pointer = llama_cpp.llama_get_logits_ith(pool.context.ctx, row)
-        return np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), shape=(self.vocab_size,))
+        # by address: np.ctypeslib.as_array builds an array interface on every call (9 us against 3)
+        return np.frombuffer(self._logits_row.from_address(ctypes.addressof(pointer.contents)), np.float32)
