@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from models.tiny import TinyModels, build_tiny_models
+from tests import cpu_slots
 
 # The tiny models run on one llama.cpp thread each: the drafter and the service share this
 # process and a two-core machine, and two spinning thread pools per model would thrash
@@ -33,6 +34,15 @@ LONGEST_FILES = {
     "local_draft/test_grammar_sampling.py": 16,
     "remote_verify/test_server_only.py": 29,
 }
+
+
+def worker_threads() -> int | None:
+    """Threads for a model a test loads at its full size (the default pair's target): one per CPU
+    slot a test holds (tests/cpu_slots.py), that is one under pytest-xdist; None (the backend's
+    default, every physical core) in a run of one process. llama.cpp's threads wait for each other
+    at every step, spinning: two of them beside the other worker's busy process lose whole time
+    slices, each waiting for the one descheduled."""
+    return 1 if os.environ.get("PYTEST_XDIST_TESTRUNUID") else None
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
@@ -64,6 +74,17 @@ def pytest_collection_modifyitems(items):
         ordered += dealt[share] + light[:take]
         light = light[take:]
     items[:] = ordered + light
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test runs in one of the run's CPU slots (tests/cpu_slots.py): with the processes a
+    statistical case forks, never more busy processes than cores."""
+    cpu_slots.take()
+    try:
+        return (yield)
+    finally:
+        cpu_slots.give_up()
 
 
 @pytest.fixture(autouse=True)

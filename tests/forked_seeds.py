@@ -1,22 +1,23 @@
-"""A statistical test's seeds, split over forked processes, one per core the test may use.
+"""A statistical test's seeds, split over forked processes, one per core.
 
 A sampled generation decides its tokens from its seed alone (wire/randomness.py): which process
 runs a seed changes nothing a tally counts. A statistical case draws thousands of such
 generations one after another, each a few round trips through a real service in this process,
 where the client, the event loop and the device thread take turns on one interpreter lock: on
-two cores one of them stood idle. Here each child runs a consecutive share of the seeds against
-a service of its own (built by the job, over the backend the parent loaded), and the parent
-gathers the generations in seed order.
+two cores one of them stood idle. Here the seeds are cut into consecutive chunks, and each child
+takes the next chunk in turn and runs it against a service of its own (built by the job, over the
+backend the parent loaded); the parent gathers the generations in seed order.
 
 Forked, not spawned: a child starts with the parent's loaded models and with whatever a test
 planted (monkeypatch) in the service's code, so a planted bug runs in every child as it would in
 one process. The models run on one thread each (tests/conftest.py TINY_THREADS), which a
 forked child may use; the parent's own services stay idle while it waits.
 
-The suite itself runs on one pytest-xdist worker per core (pyproject.toml). A case still forks
-two processes on two cores: a case left running at the end of a run then has both. (One process
-per worker, tried, made a full run no faster: 23 min 56 s against 23 min 36 s, each alone on the
-machine, since the worker holding the longest cases then ran them on one core.)
+The suite runs on one pytest-xdist worker per core (pyproject.toml). A case forks a process per
+core, and each runs a chunk only in a CPU slot of the run's (tests/cpu_slots.py), which the
+case's worker gives up while it waits: beside another worker's test a case runs on the core left,
+alone it has them all, and two cases at once never run four busy processes on two cores (which
+cost each generation a quarter more CPU than two).
 """
 
 from __future__ import annotations
@@ -27,19 +28,36 @@ import os
 import traceback
 from typing import Callable, Iterator, Sequence
 
+from tests import cpu_slots
+
 Job = Callable[[range], Sequence]  # a share of the seeds -> one picklable result per seed
 CHILD_TIMEOUT_S = 900.0  # the suite's own per-test limit: a child that hangs fails the test with its share
 
 
-def _shares(seeds: range, workers: int) -> list[range]:
-    """Consecutive, nearly equal shares of `seeds`, one per worker."""
-    step = -(-len(seeds) // workers)
+CHUNKS_PER_PROCESS = 8  # a case's seeds go out in chunks, taken in turn: a process held back (no free
+# CPU slot, tests/cpu_slots.py) leaves its chunks to the others instead of finishing last
+
+
+def _chunks(seeds: range, workers: int) -> list[range]:
+    """Consecutive, nearly equal chunks of `seeds`, CHUNKS_PER_PROCESS per worker (fewer for few seeds)."""
+    step = max(1, -(-len(seeds) // (workers * CHUNKS_PER_PROCESS)))
     return [seeds[i:i + step] for i in range(0, len(seeds), step)]
 
 
-def _child(job: Job, share: range, conn) -> None:
+def _child(job: Job, chunks: list[range], next_chunk, conn) -> None:
+    """Take chunks in turn (a shared counter), each in a CPU slot; send back (chunk index, results) pairs."""
+    cpu_slots.forget_inherited()
+    done = []
     try:
-        conn.send(("ok", list(job(share))))
+        while True:
+            with cpu_slots.slot():
+                with next_chunk.get_lock():
+                    index = next_chunk.value
+                    next_chunk.value += 1
+                if index >= len(chunks):
+                    break
+                done.append((index, list(job(chunks[index]))))
+        conn.send(("ok", done))
     except BaseException:  # everything goes back to the parent, which fails the test with it
         conn.send(("error", traceback.format_exc()))
     finally:
@@ -47,49 +65,53 @@ def _child(job: Job, share: range, conn) -> None:
 
 
 def _default_workers() -> int:
-    """One process per core, shared with the suite's other pytest-xdist workers; at least two
-    where there are two cores, so that a case left running alone at the end of a run still has
-    both (a statistical case beside another test only slows that test down, not the suite)."""
-    cores = len(os.sched_getaffinity(0))
-    suite_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    return max(min(2, cores), cores // suite_workers)
+    """One process per core: under pytest-xdist the CPU slots (tests/cpu_slots.py) keep them, the
+    other workers' tests and the other cases' processes to one busy process per core between them."""
+    return len(os.sched_getaffinity(0))
 
 
 def map_seeds(job: Job, seeds: range, workers: int | None = None) -> list:
-    """`job` over `seeds`, split among `workers` forked processes (default: `_default_workers`);
-    the results of every share, concatenated in seed order. With one worker the job runs here."""
+    """`job` over `seeds`, split among `workers` forked processes (default: `_default_workers`), which
+    take consecutive chunks of the seeds in turn; the results of every chunk, concatenated in seed
+    order. With one worker the job runs here, in one call."""
     workers = min(workers or _default_workers(), len(seeds))
     if workers <= 1:
         return list(job(seeds))
     fork = multiprocessing.get_context("fork")
-    running = []
-    for share in _shares(seeds, workers):
-        receive, send = fork.Pipe(duplex=False)
-        child = fork.Process(target=_child, args=(job, share, send), daemon=True)
-        child.start()
-        send.close()  # the child holds the sending end: a dead child reads as end of file here
-        running.append((share, child, receive))
-    results = []
-    try:
-        for share, child, receive in running:
-            if not receive.poll(CHILD_TIMEOUT_S):
-                raise AssertionError(f"seeds {share.start}..{share.stop - 1}: no result within {CHILD_TIMEOUT_S:g} s")
-            try:
-                status, payload = receive.recv()
-            except EOFError:
+    chunks = _chunks(seeds, workers)
+    next_chunk = fork.Value("i", 0)
+    by_chunk: dict[int, list] = {}
+    with cpu_slots.given_up():  # this process only waits: its slot goes to its children
+        running = []
+        for _ in range(workers):
+            receive, send = fork.Pipe(duplex=False)
+            child = fork.Process(target=_child, args=(job, chunks, next_chunk, send), daemon=True)
+            child.start()
+            send.close()  # the child holds the sending end: a dead child reads as end of file here
+            running.append((child, receive))
+        try:
+            for child, receive in running:
+                if not receive.poll(CHILD_TIMEOUT_S):
+                    raise AssertionError(f"seeds {seeds.start}..{seeds.stop - 1}: a process gave no result "
+                                         f"within {CHILD_TIMEOUT_S:g} s")
+                try:
+                    status, payload = receive.recv()
+                except EOFError:
+                    child.join(5)
+                    raise AssertionError(f"seeds {seeds.start}..{seeds.stop - 1}: a process died "
+                                         f"(exit code {child.exitcode})") from None
+                if status != "ok":
+                    raise AssertionError(f"seeds {seeds.start}..{seeds.stop - 1}: a chunk failed:\n{payload}")
+                by_chunk.update(payload)
+        finally:
+            for child, receive in running:
+                receive.close()
                 child.join(5)
-                raise AssertionError(f"seeds {share.start}..{share.stop - 1}: the process died "
-                                     f"(exit code {child.exitcode})") from None
-            if status != "ok":
-                raise AssertionError(f"seeds {share.start}..{share.stop - 1} failed:\n{payload}")
-            results.extend(payload)
-    finally:
-        for _, child, receive in running:
-            receive.close()
-            child.join(5)
-            if child.is_alive():
-                child.kill()
-    return results
+                if child.is_alive():
+                    child.kill()
+    missing = [chunks[i] for i in range(len(chunks)) if i not in by_chunk]
+    assert not missing, f"chunks never run: {missing}"
+    return [result for i in range(len(chunks)) for result in by_chunk[i]]
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ from models.fetch import fetch_chunks
 from models.registry import QWEN_CODER, file_path
 from wire.protocol import SamplingParams
 from app.bench.prompts import PROMPTS
-from tests.conftest import RunningService, hello_for
+from tests.conftest import RunningService, hello_for, worker_threads
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def test_default_pair_hybrid_equals_target_alone(pair_paths, real_draft, backend
     """Greedy, 96 tokens: k = 4, k = 8 and adaptive k drafting ahead, one prompt each, give the service's own tokens."""
     from remote_verify.backends.factory import load_backend
 
-    backend = load_backend(backend_name, pair_paths["target"], device="cpu")
+    backend = load_backend(backend_name, pair_paths["target"], device="cpu", threads=worker_threads())
     assert backend.batch_invariant or backend_name == "torch", "llama.cpp verifies with batch-shaped kernels"
     service = RunningService(backend)
     try:

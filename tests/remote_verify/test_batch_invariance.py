@@ -22,6 +22,7 @@ import pytest
 
 from remote_verify.backends.llamacpp_backend import LlamaCppTarget, has_llamafile_kernels
 from remote_verify.backends.target import Pass
+from tests.conftest import worker_threads
 
 
 def one_at_a_time(backend, prompt: list[int], continuation: list[int]) -> np.ndarray:
@@ -85,12 +86,12 @@ def test_the_default_target_verifies_blocks_of_nine_bit_for_bit():
 
     path = file_path(QWEN_CODER, QWEN_CODER.target)
     fetch_chunks(QWEN_CODER.target.chunks, path)
-    exact = LlamaCppTarget(path, gpu_layers=0, max_context=512)
+    exact = LlamaCppTarget(path, gpu_layers=0, max_context=512, n_threads=worker_threads())
     prompt = list(range(1000, 1040))
     continuation = [int(t) for t in np.random.default_rng(0).integers(100, 30000, 16)]
     single = one_at_a_time(exact, prompt, continuation)
     assert differing_rows(single, in_blocks(exact, prompt, continuation, 9)) == []
-    fast = LlamaCppTarget(path, gpu_layers=0, max_context=512, batch_invariant=False)
+    fast = LlamaCppTarget(path, gpu_layers=0, max_context=512, batch_invariant=False, n_threads=worker_threads())
     fast_single = one_at_a_time(fast, prompt, continuation)
     assert differing_rows(fast_single, in_blocks(fast, prompt, continuation, 9)), (
         "repacked weights gave the same bits: this check would not see a batch-shaped kernel")
@@ -223,8 +224,9 @@ def test_the_default_target_scores_a_session_the_same_beside_seven_others():
 
     path = file_path(QWEN_CODER, QWEN_CODER.target)
     fetch_chunks(QWEN_CODER.target.chunks, path)
-    single = LlamaCppTarget(path, gpu_layers=0, max_context=512, slots=1)
+    single = LlamaCppTarget(path, gpu_layers=0, max_context=512, slots=1, n_threads=worker_threads())
     alone = scripted_session(single, single.new_cache())
-    beside = beside_seven_others(LlamaCppTarget(path, gpu_layers=0, max_context=512, slots=8, grow=False))
+    beside = beside_seven_others(LlamaCppTarget(path, gpu_layers=0, max_context=512, slots=8, grow=False,
+                                                 n_threads=worker_threads()))
     for round_, (a, b) in enumerate(zip(alone, beside)):
         assert differing_rows(a, b) == [], f"round {round_}: largest gap {np.abs(a - b).max():.3g}"
