@@ -10,8 +10,9 @@ A worker holds a slot while it runs a test (tests/conftest.py). A case that fork
 (tests/forked_seeds.py) gives its worker's slot up while it waits, and each child takes a slot for
 each chunk of seeds it runs, so a case uses every core the other worker leaves free, and no more.
 
-A slot is a lock (flock) on one of `cores` files in a directory of the run's own (keyed by xdist's
-run id): the kernel frees it when its holder dies, so a crashed process cannot leave a slot taken.
+A slot is a pair of locks (flock) on files in a directory of the run's own (keyed by xdist's run
+id): the kernel frees them when their holder dies, so a crashed process cannot leave a slot taken.
+A case whose processes sleep through a paced service's passes takes half slots: two to a core.
 Outside xdist (one process) there are no slots: taking one returns at once.
 """
 
@@ -27,7 +28,7 @@ from typing import Iterator
 POLL_S = 0.005  # how often a process waiting for a slot tries the slots again
 YIELD_S = 0.02  # after giving a slot up, how long before taking one again: a waiting poller gets its turn
 
-_held: int | None = None  # this process's slot (its file descriptor), if it holds one
+_held: list[int] = []  # this process's locks (file descriptors): both halves of a slot, or one
 
 
 def _directory() -> str | None:
@@ -43,50 +44,73 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def take() -> None:
-    """Wait for a free slot and hold it (nothing, outside xdist or when one is held already)."""
-    global _held
+def _lock(name: str) -> int | None:
+    fd = os.open(name, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _unlock(fd: int) -> None:
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+def take(half: bool = False) -> None:
+    """Wait for a free slot and hold it (nothing, outside xdist or when one is held already).
+
+    `half`: half a slot, for a process that sleeps about half its time (a client of a service paced
+    like a GPU, which waits out every pass): two of them share a core. A whole slot is both halves of
+    one, locked only when both are free, so that no process ever waits holding a half."""
     directory = _directory()
-    if directory is None or _held is not None:
+    if directory is None or _held:
         return
-    names = [os.path.join(directory, f"slot-{i}") for i in range(_cores())]
+    halves = [[os.path.join(directory, f"slot-{i}-{j}") for j in (0, 1)] for i in range(_cores())]
     while True:
-        for name in names:
-            fd = os.open(name, os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
+        for pair in halves:
+            if half:
+                for name in pair:
+                    fd = _lock(name)
+                    if fd is not None:
+                        _held.append(fd)
+                        return
                 continue
-            _held = fd
+            first = _lock(pair[0])
+            if first is None:
+                continue
+            second = _lock(pair[1])
+            if second is None:
+                _unlock(first)
+                continue
+            _held.extend([first, second])
             return
         time.sleep(POLL_S)
 
 
 def give_up() -> bool:
-    """Free this process's slot; whether it held one."""
-    global _held
-    if _held is None:
+    """Free what this process holds; whether it held anything."""
+    if not _held:
         return False
-    fd, _held = _held, None
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    os.close(fd)
+    while _held:
+        _unlock(_held.pop())
     return True
 
 
 def forget_inherited() -> None:
-    """In a forked child: drop the parent's slot from this process's books without unlocking it (a
-    child shares the parent's open file, whose lock is the parent's to free)."""
-    global _held
-    if _held is not None:
-        os.close(_held)
-        _held = None
+    """In a forked child: drop the parent's locks from this process's books without unlocking them (a
+    child shares the parent's open files, whose locks are the parent's to free)."""
+    while _held:
+        os.close(_held.pop())
 
 
 @contextlib.contextmanager
-def slot() -> Iterator[None]:
-    """Hold a slot for the block; afterwards wait YIELD_S, so that a process polling for one gets it."""
-    take()
+def slot(half: bool = False) -> Iterator[None]:
+    """Hold a slot (or half of one) for the block; afterwards wait YIELD_S, so that a process polling
+    for one gets it."""
+    take(half)
     try:
         yield
     finally:

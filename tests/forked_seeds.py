@@ -44,13 +44,14 @@ def _chunks(seeds: range, workers: int) -> list[range]:
     return [seeds[i:i + step] for i in range(0, len(seeds), step)]
 
 
-def _child(job: Job, chunks: list[range], next_chunk, conn) -> None:
-    """Take chunks in turn (a shared counter), each in a CPU slot; send back (chunk index, results) pairs."""
+def _child(job: Job, chunks: list[range], next_chunk, paced: bool, conn) -> None:
+    """Take chunks in turn (a shared counter), each in a CPU slot (half of one, `paced`); send back
+    (chunk index, results) pairs."""
     cpu_slots.forget_inherited()
     done = []
     try:
         while True:
-            with cpu_slots.slot():
+            with cpu_slots.slot(half=paced):
                 with next_chunk.get_lock():
                     index = next_chunk.value
                     next_chunk.value += 1
@@ -64,17 +65,19 @@ def _child(job: Job, chunks: list[range], next_chunk, conn) -> None:
         conn.close()
 
 
-def _default_workers() -> int:
-    """One process per core: under pytest-xdist the CPU slots (tests/cpu_slots.py) keep them, the
-    other workers' tests and the other cases' processes to one busy process per core between them."""
-    return len(os.sched_getaffinity(0))
+def _default_workers(paced: bool) -> int:
+    """One process per core (two, `paced`): under pytest-xdist the CPU slots (tests/cpu_slots.py) keep
+    them, the other workers' tests and the other cases' processes to one busy process per core."""
+    return len(os.sched_getaffinity(0)) * (2 if paced else 1)
 
 
-def map_seeds(job: Job, seeds: range, workers: int | None = None) -> list:
+def map_seeds(job: Job, seeds: range, workers: int | None = None, paced: bool = False) -> list:
     """`job` over `seeds`, split among `workers` forked processes (default: `_default_workers`), which
     take consecutive chunks of the seeds in turn; the results of every chunk, concatenated in seed
-    order. With one worker the job runs here, in one call."""
-    workers = min(workers or _default_workers(), len(seeds))
+    order. With one worker the job runs here, in one call. `paced`: the job's service holds every
+    pass to a GPU's time (tests/conftest.py `paced_running_service`), and its processes sleep about
+    half their time: two share a core."""
+    workers = min(workers or _default_workers(paced), len(seeds))
     if workers <= 1:
         return list(job(seeds))
     fork = multiprocessing.get_context("fork")
@@ -85,7 +88,7 @@ def map_seeds(job: Job, seeds: range, workers: int | None = None) -> list:
         running = []
         for _ in range(workers):
             receive, send = fork.Pipe(duplex=False)
-            child = fork.Process(target=_child, args=(job, chunks, next_chunk, send), daemon=True)
+            child = fork.Process(target=_child, args=(job, chunks, next_chunk, paced, send), daemon=True)
             child.start()
             send.close()  # the child holds the sending end: a dead child reads as end of file here
             running.append((child, receive))

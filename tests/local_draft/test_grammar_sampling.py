@@ -109,7 +109,7 @@ def _tally(service, draft, seeds: range) -> tuple[ReplyTally, int]:
         return made
 
     kept = 0
-    for tokens, kept_guesses in map_seeds(replies, seeds):
+    for tokens, kept_guesses in map_seeds(replies, seeds, paced=True):
         tally.add(tokens)
         kept += kept_guesses
     return tally, kept

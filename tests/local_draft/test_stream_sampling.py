@@ -83,7 +83,7 @@ def _tally(service, draft, samples: int, first_seed: int) -> tuple[Tally, int]:
         return made
 
     kept = 0
-    for result, kept_guess in map_seeds(generations, range(first_seed, first_seed + samples)):
+    for result, kept_guess in map_seeds(generations, range(first_seed, first_seed + samples), paced=True):
         kept += kept_guess
         tally.add(result)
     return tally, kept

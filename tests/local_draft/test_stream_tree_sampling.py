@@ -102,7 +102,7 @@ def _tally(service, draft, samples: int, first_seed: int) -> tuple[Tally, int, i
         return made
 
     kept = branched = 0
-    for result, kept_guess, tree_branched in map_seeds(generations, range(first_seed, first_seed + samples)):
+    for result, kept_guess, tree_branched in map_seeds(generations, range(first_seed, first_seed + samples), paced=True):
         kept += kept_guess
         branched += tree_branched
         tally.add(result)

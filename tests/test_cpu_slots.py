@@ -1,0 +1,100 @@
+"""The run's CPU slots (tests/cpu_slots.py) and the forked seeds that take them (tests/forked_seeds.py)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+import uuid
+
+import pytest
+
+from tests import cpu_slots
+from tests.forked_seeds import map_seeds
+
+SLOTS = 2
+
+
+@pytest.fixture
+def run_of_two_slots(monkeypatch):
+    """A run of its own (a fresh xdist run id) with two slots, whatever this machine's cores."""
+    monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", f"test-{uuid.uuid4().hex}")
+    monkeypatch.setattr(cpu_slots, "_cores", lambda: SLOTS)
+    cpu_slots.give_up()  # this test's own slot is the real run's, not this run's (not taken again:
+    # the environment is still this run's at teardown; the suite's hook gives up what is held)
+
+
+def _hold_a_slot(holding, most, lock, half=False) -> None:
+    with cpu_slots.slot(half=half):
+        with lock:
+            holding.value += 1
+            most.value = max(most.value, holding.value)
+        time.sleep(0.05)
+        with lock:
+            holding.value -= 1
+
+
+@pytest.mark.parametrize("half, at_once", [(False, SLOTS), (True, 2 * SLOTS)])
+def test_no_more_processes_hold_slots_at_once_than_there_are_slots(run_of_two_slots, half, at_once):
+    """Eight processes wanting a slot at once: two hold one at a time (four, half slots), and every
+    one gets its turn."""
+    fork = multiprocessing.get_context("fork")
+    holding, most, lock = fork.Value("i", 0), fork.Value("i", 0), fork.Lock()
+    processes = [fork.Process(target=_hold_a_slot, args=(holding, most, lock, half)) for _ in range(8)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(30)
+    assert [process.exitcode for process in processes] == [0] * 8
+    assert most.value == at_once, most.value
+
+
+def test_a_whole_slot_waits_for_both_halves(run_of_two_slots):
+    """With one half of each slot taken, a whole slot cannot be had until a whole slot is free."""
+    directory = cpu_slots._directory()
+    halves = [cpu_slots._lock(os.path.join(directory, f"slot-{i}-1")) for i in range(SLOTS)]
+    assert None not in halves
+    fork = multiprocessing.get_context("fork")
+    taker = fork.Process(target=cpu_slots.take)
+    taker.start()
+    taker.join(0.5)
+    assert taker.is_alive(), "a whole slot was taken while every slot had a half held"
+    cpu_slots._unlock(halves[0])
+    taker.join(30)
+    cpu_slots._unlock(halves[1])
+    assert taker.exitcode == 0
+
+
+def test_a_slot_held_by_a_process_that_died_is_free_again(run_of_two_slots):
+    """A crashed holder cannot leave its slot taken: the kernel drops its lock."""
+    fork = multiprocessing.get_context("fork")
+    for _ in range(SLOTS):
+        child = fork.Process(target=lambda: (cpu_slots.take(), os._exit(1)))
+        child.start()
+        child.join(30)
+    started = time.monotonic()
+    with cpu_slots.slot():
+        pass
+    assert time.monotonic() - started < 5
+
+
+def _seeds_and_pid(seeds: range) -> list[tuple[int, int]]:
+    return [(seed, os.getpid()) for seed in seeds]
+
+
+def test_forked_chunks_come_back_in_seed_order_from_several_processes(run_of_two_slots):
+    results = map_seeds(_seeds_and_pid, range(100, 1100), workers=3)
+    assert [seed for seed, _ in results] == list(range(100, 1100))
+    assert len({pid for _, pid in results}) > 1  # the chunks were shared out
+    assert os.getpid() not in {pid for _, pid in results}
+
+
+def _fails_at_500(seeds: range) -> list[int]:
+    if 500 in seeds:
+        raise ValueError("seed 500")
+    return list(seeds)
+
+
+def test_a_failing_chunk_fails_the_map_and_says_why(run_of_two_slots):
+    with pytest.raises(AssertionError, match="seed 500"):
+        map_seeds(_fails_at_500, range(0, 1000), workers=2)
