@@ -24,11 +24,16 @@ def run_of_two_slots(monkeypatch):
     # the environment is still this run's at teardown; the suite's hook gives up what is held)
 
 
-def _hold_a_slot(holding, most, lock, half=False) -> None:
+def _hold_a_slot(holding, most, lock, half: bool, at_once: int) -> None:
+    """Hold a slot until `at_once` processes hold one (10 s at most: a machine busy with the rest of
+    the suite may start them far apart), then a little longer, so that one too many would get in."""
     with cpu_slots.slot(half=half):
         with lock:
             holding.value += 1
             most.value = max(most.value, holding.value)
+        deadline = time.monotonic() + 10
+        while holding.value < at_once and time.monotonic() < deadline:
+            time.sleep(0.01)
         time.sleep(0.05)
         with lock:
             holding.value -= 1
@@ -40,11 +45,12 @@ def test_no_more_processes_hold_slots_at_once_than_there_are_slots(run_of_two_sl
     one gets its turn."""
     fork = multiprocessing.get_context("fork")
     holding, most, lock = fork.Value("i", 0), fork.Value("i", 0), fork.Lock()
-    processes = [fork.Process(target=_hold_a_slot, args=(holding, most, lock, half)) for _ in range(8)]
+    processes = [fork.Process(target=_hold_a_slot, args=(holding, most, lock, half, at_once))
+                 for _ in range(8)]
     for process in processes:
         process.start()
     for process in processes:
-        process.join(30)
+        process.join(60)
     assert [process.exitcode for process in processes] == [0] * 8
     assert most.value == at_once, most.value
 
