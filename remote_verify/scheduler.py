@@ -314,6 +314,7 @@ class DeviceQueue:
             self._charged[session] += self._size(work) if isinstance(work, Shareable) else 1
             if self.batch_tokens and isinstance(work, Shareable) and hasattr(work.backend, "forward_many"):
                 left = self.batch_tokens - self._size(work)
+                piece = None  # the turn's prefill piece limit, priced when a second member is considered
                 for session in line:
                     if left <= 0:
                         break
@@ -321,7 +322,9 @@ class DeviceQueue:
                     if not isinstance(head, Shareable) or head.backend is not work.backend:
                         continue  # it keeps its place in line and runs in its own turn
                     size = self._size(head)
-                    if size <= left and size <= self._piece_limit(first.session, work):  # a long feed is cut in its own turn, not here
+                    if piece is None:
+                        piece = self._piece_limit(first.session, work)
+                    if size <= left and size <= piece:  # a long feed is cut in its own turn, not here
                         self._turns.remove(session)
                         taken.append(self._take(session))
                         self._charged[session] += size
