@@ -11,7 +11,8 @@ A worker holds a slot while it runs a test (tests/conftest.py). A case that fork
 each chunk of seeds it runs, so a case uses every core the other worker leaves free, and no more.
 
 A slot is a pair of locks (flock) on files in a directory of the run's own (keyed by xdist's run
-id): the kernel frees them when their holder dies, so a crashed process cannot leave a slot taken.
+id, under the temporary directory's specwire-cpu-slots, where runs a day old are removed): the
+kernel frees a lock when its holder dies, so a crashed process cannot leave a slot taken.
 A case whose processes sleep through a paced service's passes takes half slots: two to a core.
 Outside xdist (one process) there are no slots: taking one returns at once.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import tempfile
 import time
 from typing import Iterator
@@ -31,13 +33,32 @@ YIELD_S = 0.02  # after giving a slot up, how long before taking one again: a wa
 _held: list[int] = []  # this process's locks (file descriptors): both halves of a slot, or one
 
 
+STALE_S = 24 * 3600  # a run's directory this old is from a run long over (a run takes minutes)
+_made: set[str] = set()  # the run directories this process has made (or found) already
+
+
 def _directory() -> str | None:
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if not run:
         return None
-    path = os.path.join(tempfile.gettempdir(), f"specwire-cpu-slots-{run}")
-    os.makedirs(path, exist_ok=True)
+    runs = os.path.join(tempfile.gettempdir(), "specwire-cpu-slots")
+    path = os.path.join(runs, run)
+    if path not in _made:
+        os.makedirs(path, exist_ok=True)
+        _made.add(path)
+        _remove_stale(runs, keep=run)
     return path
+
+
+def _remove_stale(runs: str, keep: str) -> None:
+    """Remove the directories of runs long over (each leaves its few empty lock files behind)."""
+    now = time.time()
+    for entry in os.scandir(runs):
+        try:
+            if entry.name != keep and now - entry.stat().st_mtime > STALE_S:
+                shutil.rmtree(entry.path, ignore_errors=True)
+        except OSError:  # another process removed it first
+            continue
 
 
 def _cores() -> int:

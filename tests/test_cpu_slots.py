@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import tempfile
 import time
 import uuid
 
@@ -104,3 +105,17 @@ def _fails_at_500(seeds: range) -> list[int]:
 def test_a_failing_chunk_fails_the_map_and_says_why(run_of_two_slots):
     with pytest.raises(AssertionError, match="seed 500"):
         map_seeds(_fails_at_500, range(0, 1000), workers=2)
+
+
+def test_a_run_long_over_leaves_no_directory_behind(run_of_two_slots):
+    """A run's lock files go with the first run that starts a day after it."""
+    runs = os.path.join(tempfile.gettempdir(), "specwire-cpu-slots")
+    over, recent = os.path.join(runs, f"test-over-{uuid.uuid4().hex}"), os.path.join(runs, f"test-recent-{uuid.uuid4().hex}")
+    for path in (over, recent):
+        os.makedirs(path)
+    two_days_ago = time.time() - 2 * 24 * 3600
+    os.utime(over, (two_days_ago, two_days_ago))
+    cpu_slots._directory()
+    assert not os.path.exists(over)
+    assert os.path.exists(recent)
+    os.rmdir(recent)
