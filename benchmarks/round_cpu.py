@@ -9,8 +9,9 @@ each case's loop, one process, a session re-keyed for every seed as the cases do
 (tests/forked_seeds.py `reseeded_generations`), and reports the CPU (process time: the client, the
 service's event loop and its device thread together) and wall time a generation takes:
 
-- ahead: the close drafter, temperature 1, top-k 8, top-p 0.9, k = 2, drafting ahead, 5 tokens;
-- seeded: the same sampling, k = 3, no drafting ahead, 4 tokens (`generate --mode rounds --seed`);
+- ahead: the close drafter, temperature 1, top-k 8, top-p 0.9, k = 2, drafting ahead, 5 tokens
+  (`generate --mode rounds --k 2 --max-tokens 5 --seed`: the suite's seeded case);
+- seeded: the same sampling, k = 3, no drafting ahead, 4 tokens;
 - far: the far drafter, temperature 1, k = 1, 2 tokens (nearly every draft rejected);
 - paced: the default mode's stream with guesses, 3 tokens, against a service whose passes are held
   to 12 ms (a GPU's pace; it sleeps, so wall is far above CPU), a sixth as many seeds.

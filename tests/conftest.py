@@ -24,8 +24,8 @@ TINY_THREADS = 1
 # beside each other rather than beside the tests that time a drafter. Whole files move together,
 # so their module fixtures stay together.
 LONGEST_FILES = {
-    "local_draft/test_sampling_exactness.py": 440,
-    "local_draft/test_stream_sampling.py": 155,
+    "local_draft/test_sampling_exactness.py": 360,
+    "local_draft/test_stream_sampling.py": 120,
     "models/test_default_pair.py": 73,
     "remote_verify/test_batch_invariance.py": 69,
     "remote_verify/test_fuzz.py": 61,

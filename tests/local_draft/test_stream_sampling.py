@@ -23,6 +23,7 @@ in the service's race that it must catch.
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 
 import numpy as np
@@ -38,6 +39,8 @@ from tests.forked_seeds import map_seeds, reseeded_generations, service_here
 from tests.local_draft.test_sampling_exactness import PROMPT_TEXT, SPECWIRE, Tally
 from tests.statistics import ALPHA, detectable_shift
 
+log = logging.getLogger(__name__)
+
 PARAMS = SamplingParams(temperature=1.0, top_k=8, top_p=0.9)
 TOKENS = 2  # the first two tokens, jointly
 STREAM_SAMPLES = 5_000
@@ -51,6 +54,9 @@ PASS_MS = 12.0
 # depends on the machine's speed (1,000 draws at 4 ms gave p = 0.018 on one CI machine), so the
 # planted cases draw enough that a machine with a third as many kept guesses still finds it.
 PLANTED_SAMPLES = 2_000
+# ... in steps of this many draws, stopping at the first step whose tally is already red: a bug
+# that shows in 500 draws on this machine need not wait for 2,000 (a test that stays green runs them all)
+PLANTED_STEP = 500
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +66,10 @@ def guess_paced_service(tiny):
     running.close()
 
 
-def _tally(service, draft, samples: int, first_seed: int) -> tuple[Tally, int]:
+def _tally(service, draft, samples: int, first_seed: int, until_red_by: int = 0) -> tuple[Tally, int]:
     """`samples` seeded streams of TOKENS tokens with guesses (k = 4); returns the tally and how
-    many had their second token from a kept guess. The service stands for a GPU
+    many had their second token from a kept guess. With `until_red_by`, the seeds go in steps of
+    that many, and the first step after which the tally fails the test ends the draws. The service stands for a GPU
     elsewhere (colocated=False): the drafter reads the prompt and guesses while the prompt's
     pass runs: the second token, decided by the next pass, is a kept guess when the guess for
     the first was right and the one for the second arrived in time and was right (about 30%)."""
@@ -83,9 +90,14 @@ def _tally(service, draft, samples: int, first_seed: int) -> tuple[Tally, int]:
         return made
 
     kept = 0
-    for result, kept_guess in map_seeds(generations, range(first_seed, first_seed + samples), paced=True):
-        kept += kept_guess
-        tally.add(result)
+    seeds = range(first_seed, first_seed + samples)
+    step = until_red_by or samples
+    for start in range(0, samples, step):
+        for result, kept_guess in map_seeds(generations, seeds[start:start + step], paced=True):
+            kept += kept_guess
+            tally.add(result)
+        if until_red_by and tally.pvalue() < ALPHA:
+            break
     return tally, kept
 
 
@@ -130,9 +142,11 @@ def test_a_planted_verification_bug_turns_the_test_red(guess_paced_service, clos
         monkeypatch.setattr(Session, "_plan_stream_pass", plan_remembering_guesses)
         planted = _kept_without_comparing
     monkeypatch.setattr(Session, "_target_pick", planted)
-    tally, kept = _tally(guess_paced_service, close_draft, PLANTED_SAMPLES, 8_000_000)
+    tally, kept = _tally(guess_paced_service, close_draft, PLANTED_SAMPLES, 8_000_000, until_red_by=PLANTED_STEP)
     _GUESSES_OF_THE_PASS.clear()
-    assert tally.pvalue() < ALPHA, (tally.pvalue(), f"{kept} of {PLANTED_SAMPLES} second tokens were kept guesses")
+    drawn = int(tally.counts.sum())
+    assert tally.pvalue() < ALPHA, (tally.pvalue(), f"{kept} of {drawn} second tokens were kept guesses")
+    log.info("planted %s: red after %d draws (p = %.2g)", bug, drawn, tally.pvalue())
 
 
 # The default mode as `specwire generate --seed S` runs it, with no mode flag (issue 32's command
