@@ -424,9 +424,15 @@ def test_the_pieces_of_a_cancelled_feed_stop(llamacpp_target):
     pieces run: no further piece runs for it (one in flight at the cancel may end)."""
     from wire.protocol import Verify
 
+    from remote_verify.pass_costs import PassCosts
+
     backend = RecordingBackend(llamacpp_target)
     sessions = _sessions(backend, "px")
-    queue = DeviceQueue("test")
+    # the curve measured before sessions are taken, as the service's is (`calibrate`): from one timed
+    # round alone the curve is flat, and a round slowed by a busy machine made the whole prompt one piece
+    costs = PassCosts()
+    costs.calibrate(llamacpp_target)
+    queue = DeviceQueue("test", costs=costs)
     pieces_at_cancel = []
 
     def pieces_run() -> list[int]:
