@@ -39,7 +39,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from local_draft.service_link import ServiceLink
 from local_draft.speculator import Speculator
