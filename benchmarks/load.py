@@ -212,7 +212,12 @@ def main() -> None:
     capacity.add_arguments(parser)
     args = parser.parse_args()
     if args.emulate:
-        capacity.main_emulated(args)
+        from benchmarks.emulation.profiles import ProfileError
+
+        try:
+            capacity.main_emulated(args)
+        except ProfileError as exc:  # a misspelt --emulate or --drafter: say which names there are
+            parser.error(str(exc))
         return
     if args.torch_static and args.backend != "torch":
         parser.error("--torch-static is a mode of the torch backend: add --backend torch")

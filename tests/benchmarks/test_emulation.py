@@ -61,6 +61,16 @@ def test_an_unknown_or_malformed_profile_is_a_clear_error(tmp_path):
         load_profile(broken)
 
 
+def test_the_load_benchmark_names_the_drafter_profiles_for_a_misspelt_one():
+    """`benchmarks.load --emulate T --drafter NAME` with a name that is no profile: a usage error listing
+    the profiles, not a traceback, before anything starts."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.load", "--emulate", "h100x2-70b-fp8", "--drafter",
+                           "laptop-gpu", "--users", "1"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "no device profile 'laptop-gpu'" in done.stderr and "laptop-gpu-0.5b" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+
+
 def test_the_shipped_recording_covers_the_default_prompt_set():
     """Every prompt of the default set has a recorded path and a guess for each of its positions."""
     recording = Recording.load(DEFAULT_RECORDING)
