@@ -217,7 +217,8 @@ def test_adaptive_k_drafting_ahead_and_reconnecting_follow_the_target(service_on
 # here one session is re-keyed for each seed by a Sync (`Speculator.reseed`), which keys both ends the
 # same way, so that SAMPLES seeds fit in a test run (a process per seed costs ~100 times more). That
 # the two make the same tokens is checked through the command itself, seed for seed, by
-# test_the_seeded_command_makes_what_a_reseeded_session_makes.
+# test_the_seeded_command_makes_what_a_reseeded_session_makes (the first round's tokens: drafting
+# ahead, a seed fixes the rest only with `--no-pipeline`, which that test checks too).
 #
 # Tokens 1-2 are drafted (acceptance at two positions), 3 is the service's (a correction or the
 # bonus), and 4 usually comes from a block drafted while the first verdict was in flight (one more
