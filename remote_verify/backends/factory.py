@@ -4,6 +4,8 @@ heavy, and a host has only the runtimes it serves with."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 from models.onnx_manifest import is_onnx_export
@@ -16,7 +18,8 @@ def load_backend(kind: str, target: str | Path, device: str = "auto", threads: i
     """Load a target (GGUF file or Hugging Face folder) with the named backend.
 
     "auto" picks torch when CUDA is available and llama.cpp otherwise (a GGUF target is
-    then verified by llama.cpp on the CPU, several times faster than de-quantized torch).
+    then verified by llama.cpp on the CPU, several times faster than de-quantized torch);
+    with `device` "cpu" CUDA is not asked about.
     "onnx" (an export made by `specwire models export-onnx`) is only ever chosen by name.
     `threads`: llama.cpp's CPU threads for one-token steps (None: the physical cores,
     wire/threads.py), `batch_threads` for blocks (None: as many as `threads`); the torch
@@ -34,7 +37,7 @@ def load_backend(kind: str, target: str | Path, device: str = "auto", threads: i
     if is_onnx_export(target) and kind != "onnx":
         raise ValueError(f"{target} is an ONNX export: serve it with --backend onnx")
     if kind == "auto":
-        kind = "torch" if _cuda_available() or target.is_dir() else "llamacpp"
+        kind = "torch" if target.is_dir() or (device != "cpu" and _cuda_available()) else "llamacpp"
     if torch_static and kind != "torch":
         raise ValueError(f"--torch-static is a mode of the torch backend, not of {kind}: add --backend torch")
     if kind == "torch" and torch_static:
@@ -67,7 +70,16 @@ def load_backend(kind: str, target: str | Path, device: str = "auto", threads: i
     raise ValueError(f"unknown backend {kind!r}: choose auto, torch, llamacpp or onnx")
 
 
+# A CUDA (or ROCm) device shows a driver's device node on Linux: NVIDIA's control device, AMD's
+# compute interface, or WSL's GPU paravirtualisation.
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+
+
 def _cuda_available() -> bool:
+    """Whether torch sees a CUDA device. On a Linux host with no GPU driver's device node, no:
+    without asking torch, whose import alone takes seconds (most of a CPU service's start)."""
+    if sys.platform.startswith("linux") and not any(os.path.exists(node) for node in GPU_DEVICE_NODES):
+        return False
     try:
         import torch
     except ImportError:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -81,14 +83,34 @@ def test_serve_torch_static_gives_each_allowed_session_a_slot_of_the_context_lim
     assert "static KV cache: 3 slots of 512 positions (torch.float32), CUDA graphs off" in log, log
 
 
-def _serve_log(tiny, *flags: str) -> str:
-    process = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--target", str(tiny.target_gguf),
-                                "--port", "0", *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = process.stdout.readline()
-    process.terminate()
-    log = process.communicate(timeout=30)[1]
-    assert line.startswith("listening on"), log
-    return log
+def _serve_log(tiny, *flags: str, python_flags: tuple[str, ...] = ()) -> str:
+    """What `serve` on the tiny GGUF target wrote to stderr by the time it listened. The log goes to
+    a file: a pipe left unread while waiting for the port would fill and stop the service mid-start."""
+    with tempfile.TemporaryFile("w+") as log:
+        process = subprocess.Popen([sys.executable, *python_flags, "-m", "app.cli", "serve", "--target",
+                                    str(tiny.target_gguf), "--port", "0", *flags],
+                                   stdout=subprocess.PIPE, stderr=log, text=True)
+        line = process.stdout.readline()
+        process.terminate()
+        process.communicate(timeout=30)
+        log.seek(0)
+        text = log.read()
+    assert line.startswith("listening on"), text
+    return text
+
+
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+def test_serving_a_gguf_target_on_a_host_without_a_gpu_does_not_load_torch(tiny, device):
+    """`serve` on a GGUF target picks llama.cpp without importing torch (seconds of a start) to ask
+    about CUDA: never with `--device cpu`, and with the default `auto` only where a GPU driver's
+    device node says there may be one. The CLI's own imports, as `python -X importtime` lists them."""
+    from remote_verify.backends.factory import GPU_DEVICE_NODES
+
+    log = _serve_log(tiny, "--device", device, python_flags=("-X", "importtime"))
+    imported = {line.rsplit("|", 1)[-1].strip() for line in log.splitlines() if line.startswith("import time:")}
+    assert "llama_cpp" in imported, "the llama.cpp backend was not loaded"
+    may_have_a_gpu = device == "auto" and any(os.path.exists(node) for node in GPU_DEVICE_NODES)
+    assert ("torch" in imported) == may_have_a_gpu, sorted(name for name in imported if name.startswith("torch"))[:5]
 
 
 def test_a_token_without_tls_on_a_public_address_is_warned_about(tiny, tmp_path, tls_files):
