@@ -170,8 +170,7 @@ COMMAND_PAIR_POWER = 0.020
 COMMAND_CLI_SEEDS = 4  # seeds run through `specwire generate` itself
 COMMAND_MAX_TOKENS = 4
 # A stream's generation of the tiny models costs 4.4 ms of CPU on llama.cpp, 6.8 on ONNX Runtime
-# and 23 on torch, whose eager forward is mostly Python (tests/local_draft/test_sampling_exactness.py
-# keeps torch's case, the whole block with its bonus).
+# and 23 on torch, whose eager forward is mostly Python.
 COMMAND_BACKEND = "llamacpp"
 PLANTED_COMMAND_SAMPLES = 400  # power 8.4 points; the planted bug below moves 22
 
