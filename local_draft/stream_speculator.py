@@ -270,6 +270,9 @@ class StreamSpeculator:
                 horizon = self.controller.horizon(stats.tokens_per_s) if drafting else 0
                 if isinstance(chain, DraftTree):
                     horizon = min(horizon, MAX_TREE_DEPTH)  # a deeper tree is refused (wire/limits.py)
+                # nor past the reply's last token: the stream ends there, and a guess beyond it
+                # would only take the drafter's time
+                horizon = min(horizon, max_tokens - len(new))
                 wants_guess = drafting and chain.levels < horizon
                 if not wants_guess and chain.sent < len(chain.tokens):
                     self._send(client, seq, chain)  # before waiting: what was guessed goes out

@@ -90,6 +90,30 @@ def test_on_a_gpu_like_device_most_tokens_are_kept_guesses(paced_service, close_
     assert passes < 0.6 * made and accepted > 0.4 * made, (passes, accepted, made)
 
 
+def test_guesses_stop_at_the_end_of_the_reply(paced_service, close_draft, monkeypatch):
+    """A reply of a few tokens on a GPU-like device, the drafter allowed 8 guesses ahead: every
+    reply is guessed, and no guess is made for a position past the reply's last token (the stream
+    ends there; the drafter's time would be lost)."""
+    furthest = []
+    true_send = StreamSpeculator._send
+
+    def recording_send(self, client, seq, chain):
+        furthest.append(chain.start + chain.levels)
+        return true_send(self, client, seq, chain)
+
+    monkeypatch.setattr(StreamSpeculator, "_send", recording_send)
+    client = VerifyClient(paced_service.url, hello_for(close_draft))
+    # a GPU elsewhere (colocated=False): the drafter guesses from the prompt's pass on
+    speculator = StreamSpeculator(close_draft, client, SamplingParams(), max_block=8, colocated=False)
+    reply_tokens = 4
+    for prompt in PROMPTS:
+        ids = close_draft.tokenize(prompt)
+        furthest.clear()
+        speculator.generate(ids, reply_tokens)
+        assert furthest and max(furthest) <= len(ids) + reply_tokens, (prompt, max(furthest, default=None))
+    client.close()
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_a_seeded_sampled_stream_is_token_identical_to_seeded_server_only(paced_service, close_draft, seed):
     """Sampling with a seed: the stream with guesses commits exactly the tokens the stream alone
