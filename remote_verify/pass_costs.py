@@ -1,7 +1,7 @@
 """The device's cost curve c(n): what a forward pass of n tokens costs, as measured here.
 
 Measured at start (`calibrate`: passes of 1 to 16 tokens on a scratch cache, after the
-model is loaded, the median of a few runs of each) and kept current from every real pass
+model is loaded, the median of a few runs of each, one where a run of them takes seconds) and kept current from every real pass
 afterwards (`observe`, by the pass's total tokens, with exponential forgetting: a busy
 neighbour on a shared machine, or a warmer GPU, shows within a few dozen passes). Between measured sizes the
 curve is interpolated, past the largest it grows along its last slope, so any n has a cost.
@@ -31,6 +31,10 @@ MEMORY = 0.9  # weight of the past per observation of a size: about ten passes
 CALIBRATION_SIZES = (1, 2, 4, 8, 16)  # blocks of up to 16 tokens cover a stream's drafts
 CALIBRATION_CONTEXT = 32  # tokens cached before the timed passes, as in a short prompt
 CALIBRATION_RUNS = 3  # timed runs of each size after its first: their median is recorded
+# ... fewer where the timed runs so far took longer than this: a large target on a CPU (a round of the
+# sizes took 3.5 s for Qwen2.5-Coder-1.5B on one thread) would keep `serve` from listening for
+# many seconds, and every real pass refines the curve afterwards anyway
+CALIBRATION_BUDGET_S = 2.0
 REPORTED_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the points a Welcome carries
 
 class PassCosts:
@@ -68,19 +72,26 @@ class PassCosts:
     def calibrate(self, backend) -> None:
         """Time passes of CALIBRATION_SIZES tokens after a short context: each size once unrecorded
         (the first run of a shape pays for allocations), then CALIBRATION_RUNS times, and the median
-        recorded (a neighbour that took the cores for one run does not make the curve). On the device
-        thread, before sessions are taken."""
+        recorded (a neighbour that took the cores for one run does not make the curve); once the timed
+        runs have taken CALIBRATION_BUDGET_S, no more (at least one of each size). On the device thread,
+        before sessions are taken."""
         cache = backend.new_cache()
         try:
             backend.forward(cache, [backend.bos_id] * CALIBRATION_CONTEXT, 1)
             runs: dict[int, list[float]] = {size: [] for size in CALIBRATION_SIZES}
+            timed_s = 0.0
             for turn in range(1 + CALIBRATION_RUNS):
+                if turn > 1 and timed_s > CALIBRATION_BUDGET_S:
+                    break
+                turn_started = time.perf_counter()
                 for size in CALIBRATION_SIZES:
                     started = time.perf_counter()
                     backend.forward(cache, [backend.bos_id] * size, 1)
                     if turn:
                         runs[size].append(time.perf_counter() - started)
                     backend.truncate(cache, CALIBRATION_CONTEXT)
+                if turn:
+                    timed_s += time.perf_counter() - turn_started
             for size, seconds in runs.items():
                 self.observe(size, statistics.median(seconds))
         finally:

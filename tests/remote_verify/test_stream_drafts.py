@@ -194,3 +194,31 @@ def test_calibration_records_a_typical_pass_not_a_cold_or_disturbed_one():
     costs.calibrate(ScriptedBackend())
     for n in (1, 2, 4, 8, 16):
         assert costs.seconds(n) < typical_s(n) * 3, (n, costs.seconds(n))  # a mean of the runs would be 4x
+
+
+def test_a_slow_device_is_calibrated_in_one_timed_run_of_each_size():
+    """A target whose passes take half a second (a large model on a CPU): after each size's
+    first, unrecorded run, one timed run of each, not three (`serve` would wait seconds more
+    before it listens); the curve still has every size."""
+    import time as clock
+
+    class SlowBackend:
+        bos_id = 1
+
+        def __init__(self):
+            self.runs: dict[int, int] = {}
+
+        def new_cache(self):
+            return object()
+
+        def forward(self, cache, tokens, n_logits):
+            self.runs[len(tokens)] = self.runs.get(len(tokens), 0) + 1
+            clock.sleep(0.5)
+
+        def truncate(self, cache, length):
+            pass
+
+    backend, costs = SlowBackend(), PassCosts()
+    costs.calibrate(backend)
+    assert {n: backend.runs[n] for n in (1, 2, 4, 8, 16)} == {1: 2, 2: 2, 4: 2, 8: 2, 16: 2}, backend.runs
+    assert [n for n, _ in costs.points()] == [1, 2, 4, 8, 16]
