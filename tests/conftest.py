@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import threading
 
@@ -136,11 +137,23 @@ def own_llamacpp_target(new_llamacpp_target):
 
 @pytest.fixture(scope="session")
 def onnx_export_dir(tiny, tmp_path_factory):
-    """The tiny target exported by `models.onnx_export` (about 10 s)."""
+    """The tiny target exported by `models.onnx_export` (20 s of CPU), once a run: under pytest-xdist
+    the first worker to ask exports it into the run's own temporary folder, which every worker
+    shares, and the others wait for it and load it (the tiny models are the same from the same seed)."""
     from models.onnx_export import export_onnx
+    from models.onnx_manifest import is_onnx_export
     from remote_verify.backends.onnx_check import logit_difference
 
-    return export_onnx(tiny.target, tmp_path_factory.mktemp("onnx") / "target-onnx", check=logit_difference).out
+    base = tmp_path_factory.getbasetemp()
+    run_folder = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # this run's, not an earlier one's
+    out = run_folder / "tiny-target-onnx"
+    with open(run_folder / "tiny-target-onnx.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the worker dies
+        if not is_onnx_export(out):
+            staging = tmp_path_factory.mktemp("onnx") / "target-onnx"
+            export_onnx(tiny.target, staging, check=logit_difference)
+            staging.rename(out)  # whole, or not there: a worker that died mid-export leaves nothing half-made
+    return out
 
 
 @pytest.fixture(scope="session")
