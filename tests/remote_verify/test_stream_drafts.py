@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from remote_verify.pass_costs import PassCosts
 import pytest
 
@@ -164,34 +166,36 @@ def typical_s(n: int) -> float:
     return 0.01 + 0.001 * n
 
 
+class ScriptedBackend:
+    """A stand-in target for calibration whose pass of n tokens, its run-th of that size, sleeps
+    `seconds(n, run)` (a real one cannot be slow or disturbed on cue); it counts the runs."""
+
+    bos_id = 1
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+        self.runs: dict[int, int] = {}
+
+    def new_cache(self):
+        return object()
+
+    def forward(self, cache, tokens, n_logits):
+        n = len(tokens)
+        run = self.runs[n] = self.runs.get(n, 0) + 1
+        time.sleep(self.seconds(n, run))
+
+    def truncate(self, cache, length):
+        pass
+
+
 def test_calibration_records_a_typical_pass_not_a_cold_or_disturbed_one():
     """The curve a Welcome carries is what clients decide to draft by: the first pass of each size
     (allocations) and one run taken by a neighbour must not make it. A stand-in backend whose
-    passes take scripted times (a real one cannot be disturbed on cue): each size's first run
-    costs 20x, one later run 10x; the recorded cost is the typical one, within 3x. (A typical pass of
-    about 10 ms: a busy machine oversleeps by milliseconds, which one of 2 ms did not survive.)"""
-    import time as clock
-
-    class ScriptedBackend:
-        bos_id = 1
-
-        def __init__(self):
-            self.runs: dict[int, int] = {}
-
-        def new_cache(self):
-            return object()
-
-        def forward(self, cache, tokens, n_logits):
-            n = len(tokens)
-            run = self.runs[n] = self.runs.get(n, 0) + 1
-            typical = typical_s(n)
-            clock.sleep(typical * (20 if run == 1 else 10 if run == 3 else 1))
-
-        def truncate(self, cache, length):
-            pass
-
+    passes take scripted times: each size's first run costs 20x, one later run 10x; the recorded
+    cost is the typical one, within 3x. (A typical pass of about 10 ms: a busy machine oversleeps by
+    milliseconds, which one of 2 ms did not survive.)"""
     costs = PassCosts()
-    costs.calibrate(ScriptedBackend())
+    costs.calibrate(ScriptedBackend(lambda n, run: typical_s(n) * (20 if run == 1 else 10 if run == 3 else 1)))
     for n in (1, 2, 4, 8, 16):
         assert costs.seconds(n) < typical_s(n) * 3, (n, costs.seconds(n))  # a mean of the runs would be 4x
 
@@ -200,25 +204,7 @@ def test_a_slow_device_is_calibrated_in_one_timed_run_of_each_size():
     """A target whose passes take half a second (a large model on a CPU): after each size's
     first, unrecorded run, one timed run of each, not three (`serve` would wait seconds more
     before it listens); the curve still has every size."""
-    import time as clock
-
-    class SlowBackend:
-        bos_id = 1
-
-        def __init__(self):
-            self.runs: dict[int, int] = {}
-
-        def new_cache(self):
-            return object()
-
-        def forward(self, cache, tokens, n_logits):
-            self.runs[len(tokens)] = self.runs.get(len(tokens), 0) + 1
-            clock.sleep(0.5)
-
-        def truncate(self, cache, length):
-            pass
-
-    backend, costs = SlowBackend(), PassCosts()
+    backend, costs = ScriptedBackend(lambda n, run: 0.5), PassCosts()
     costs.calibrate(backend)
     assert {n: backend.runs[n] for n in (1, 2, 4, 8, 16)} == {1: 2, 2: 2, 4: 2, 8: 2, 16: 2}, backend.runs
     assert [n for n, _ in costs.points()] == [1, 2, 4, 8, 16]
