@@ -1,10 +1,11 @@
 """The device's cost curve c(n): what a forward pass of n tokens costs, as measured here.
 
 Measured at start (`calibrate`: passes of 1 to 16 tokens on a scratch cache, after the
-model is loaded, the median of a few runs of each, one where a run of them takes seconds) and kept current from every real pass
-afterwards (`observe`, by the pass's total tokens, with exponential forgetting: a busy
-neighbour on a shared machine, or a warmer GPU, shows within a few dozen passes). Between measured sizes the
-curve is interpolated, past the largest it grows along its last slope, so any n has a cost.
+model is loaded, the median of a few runs of each, a single run where a round of them takes
+seconds) and kept current from every real pass afterwards (`observe`, by the pass's total
+tokens, with exponential forgetting: a busy neighbour on a shared machine, or a warmer GPU,
+shows within a few dozen passes). Between measured sizes the curve is interpolated, past the
+largest it grows along its last slope, so any n has a cost.
 
 Two readers: a stream's block choice (how many of a client's draft tokens a pass should
 verify: remote_verify/stream_drafts.py), and the clients, who get the curve in their Welcome
