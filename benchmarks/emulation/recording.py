@@ -59,6 +59,12 @@ class Recording:
                     return entry
         return None
 
+    def begins_a_prompt(self, tokens: list[int]) -> bool:
+        """Whether `tokens` are the start of some entry's prompt, short of its end (a prompt the
+        service reads in pieces: a shared pass gives a long prompt a piece at a time)."""
+        return any(len(entry.prompt) > len(tokens) and entry.prompt[:len(tokens)] == tokens
+                   for entry in self.entries)
+
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"about": self.about, "entries": [asdict(e) for e in self.entries]}) + "\n")

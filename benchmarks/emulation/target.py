@@ -149,7 +149,9 @@ class ReplayTarget:
         cache.tokens += list(tokens)
         if cache.entry is None:
             cache.entry = self.recording.find(cache.tokens)
-            if cache.entry is None and not strict:
+            if cache.entry is None and (not strict or self.recording.begins_a_prompt(cache.tokens)):
+                # a prompt's first pieces: no token is taken from their rows (the last piece's is),
+                # and the entry is found once the whole prompt is in
                 return np.full(n_logits, self.eos_id, dtype=np.int64)
             if cache.entry is None:
                 raise ReplayError(f"no recording starts like this history ({len(cache.tokens)} tokens): the replay "

@@ -213,3 +213,22 @@ def test_the_replay_walks_trees_of_guesses_as_the_real_target_would(tiny, tiny_r
         replay.close()
     assert said and made == entry.path[:TOKENS]
     assert accepted >= TOKENS // 4, accepted  # a pass of a few ms: some trees come after their positions
+
+
+def test_the_replay_reads_a_prompt_in_pieces(tiny, tiny_recording):
+    """A shared pass of many sessions gives a long prompt a piece at a time: the replay waits for the
+    whole prompt before it looks the entry up (it failed every pass holding such a piece: the 7B
+    profile at 64 users), and a history that starts no prompt is still refused."""
+    from benchmarks.emulation.target import ReplayError, ReplayTarget
+    from remote_verify.backends.target import Pass
+
+    recording = Recording.load(tiny_recording)
+    replay = ReplayTarget(recording, tiny.draft)
+    entry = max(recording.entries, key=lambda e: len(e.prompt))
+    cache, half = replay.new_cache(), len(entry.prompt) // 2
+    replay.forward_many([Pass(cache, entry.prompt[:half], 1, argmax_only=True)])
+    last = replay.forward_many([Pass(cache, entry.prompt[half:], 1, argmax_only=True)])[0]
+    assert list(last) == entry.path[:1]
+    stranger = [t for t in range(replay.vocab_size) if all(e.prompt[0] != t for e in recording.entries)][:3]
+    with pytest.raises(ReplayError):
+        replay.forward_many([Pass(replay.new_cache(), stranger, 1, argmax_only=True)])
