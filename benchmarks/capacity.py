@@ -19,7 +19,8 @@ comparing the two shapes where they do.
 
 Reported per (users, mode), over that window: the aggregate tokens/s (every user's tokens
 committed in the window), each user's tokens/s at p50 and p99 (the slowest 1%), the time to
-the first token at p50 and p99 over the replies started in it, how many users got 20 tokens/s
+the first token at p50 and p99 over the replies started in it (not the first wave, every
+user's prompt read at once; their count beside them), how many users got 20 tokens/s
 or more, the target's passes per token and tokens per pass, the guesses (tree nodes) a pass
 verified, the acceptance by depth, the tree width each user's controller chose, the device's utilization (its time in passes over the
 window: what is not is this machine's own overhead between passes), and the replies that
@@ -104,6 +105,7 @@ class WaveRecord:
     # share that kept a d-th
     acceptance_by_depth: list[float] = field(default_factory=list)
     widths: list[int] = field(default_factory=list)  # each user's tree width at the end (1: chains)
+    first_tokens: int = 0  # the replies begun in the window: what the first-token figures are over
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -154,7 +156,7 @@ def _user(index: int, mode: str, url: str, draft: EmulatedDraft, entries: list, 
             result = generator.generate(entry.prompt, max_tokens,
                                         lambda tokens, _: record.commits.append((time.perf_counter(), len(tokens))))
             stats = result.stats
-            if began < window[1]:
+            if window[0] <= began < window[1]:  # not the first wave, every user's prompt at once
                 record.first_token_s.append(stats.first_token_s or stats.wall_s)
             record.passes += stats.verified_rounds
             record.tokens += len(result.token_ids)
@@ -224,7 +226,8 @@ def summarize(records: list[UserRecord], window: tuple[float, float], busy_s: fl
         utilization=busy_s / seconds, differing=sum(len(r.differing) for r in records),
         errors=[r.error for r in records if r.error] + [d for r in records for d in r.differing][:3],
         time_scale=time_scale, tokens_per_pass=sum(r.tokens for r in records) / max(passes, 1),
-        nodes_per_pass=drafted / max(passes, 1), acceptance_by_depth=by_depth[:12], widths=[r.width for r in records])
+        nodes_per_pass=drafted / max(passes, 1), acceptance_by_depth=by_depth[:12], widths=[r.width for r in records],
+        first_tokens=len(firsts))
 
 
 def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float], user_counts: list[int],
@@ -312,14 +315,14 @@ def print_records(records: list[WaveRecord]) -> None:
     print("EMULATED device (every figure below): target and drafter profiles as named; tokens/s per user "
           "and aggregate; first token in s")
     print("| emulated | rtt ms | users | mode | aggregate tok/s | user p50 | user p99 (slowest) | first token p50 / p99 s "
-          "| users >= 20 tok/s | passes/token | tokens/pass | nodes/pass | acceptance | by depth 1-4 | width "
+          "(replies) | users >= 20 tok/s | passes/token | tokens/pass | nodes/pass | acceptance | by depth 1-4 | width "
           "| device busy | differing |")
     print("|---" * 17 + "|")
     for r in records:
         depths = " / ".join(f"{a:.2f}" for a in r.acceptance_by_depth[:4])
         width = "-" if r.mode == "server" else ",".join(str(w) for w in sorted(set(r.widths)))
         print(f"| {r.emulated} | {r.rtt_ms:g} | {r.users} | {r.mode} | {r.aggregate_tok_s:.1f} | {r.user_p50_tok_s:.1f} | "
-              f"{r.user_p99_tok_s:.1f} | {r.first_token_p50_s:.3f} / {r.first_token_p99_s:.3f} | {r.users_at_20_tok_s} | "
+              f"{r.user_p99_tok_s:.1f} | {r.first_token_p50_s:.3f} / {r.first_token_p99_s:.3f} ({r.first_tokens}) | {r.users_at_20_tok_s} | "
               f"{r.passes_per_token:.2f} | {r.tokens_per_pass:.2f} | {r.nodes_per_pass:.1f} | {r.acceptance:.2f} | "
               f"{depths} | {width} | {r.utilization:.0%} | {r.differing} |")
     by_key = {(r.rtt_ms, r.users, r.mode): r for r in records}

@@ -15,6 +15,7 @@ import time
 from typing import Iterable, Sequence
 
 from local_draft.generation_stats import Generation, GenerationStats
+from local_draft.history_rewind import can_rewind, shared_prefix
 from local_draft.service_link import ServiceLink
 from local_draft.speculator import FixedLink, OnCommit, ShouldStop
 from local_draft.verify_client import ServiceUnreachable, VerifyClient, VerifyError
@@ -101,13 +102,20 @@ class ServerOnlyGenerator:
                                      "it runs an older specwire, or one without llguidance")
         for attempt in range(2):
             rekey = self._seed is not None and self._keyed is not client
-            if attempt or rekey or self._service_history != history[: len(self._service_history)]:
-                self._sync(client, history)
+            known, keep = len(self._service_history), -1
+            if attempt or rekey or self._service_history != history[:known]:
+                if not attempt and can_rewind(client):  # in the Generate itself: no round trip first
+                    keep = shared_prefix(self._service_history, history)
+                else:
+                    self._sync(client, history)
+                    known = keep = len(history)
+            self._keyed = client
             self._seq += 1
-            known = len(self._service_history)
             self._service_history = []  # unknown until the stream ends
-            client.send_generate(Generate(seq=self._seq, committed_len=known, append=history[known:],
-                                          max_tokens=max_tokens, stop_ids=self.end_ids, grammar=self._grammar_at))
+            start = known if keep == -1 else keep
+            client.send_generate(Generate(seq=self._seq, committed_len=known, append=history[start:],
+                                          max_tokens=max_tokens, stop_ids=self.end_ids, grammar=self._grammar_at,
+                                          keep=keep, seed=self._seed if rekey else None))
             self.stats.round_trips += 1
             try:
                 return client.receive_generated(first=True)

@@ -532,7 +532,8 @@ class VerifyService:
         return list(grammar_kinds) if grammars_available() else []
 
     def _capabilities(self) -> list[str]:
-        capabilities = ["greedy", "sampling", "sync", "generate", "drafts"]  # drafts: Draft frames in a stream
+        # drafts: Draft frames in a stream; rewind: a Generate may keep part of the history (`keep`) and re-key
+        capabilities = ["greedy", "sampling", "sync", "generate", "drafts", "rewind"]
         if self.vocab.available:  # GET /vocab.gguf: the target's tokenizer, for clients with no model file
             capabilities.append(vocab_offer.CAPABILITY)
         return capabilities

@@ -218,6 +218,12 @@ class Session:
         """Check a server-only request and take its appended tokens into the history."""
         self._check_seq(request.seq)
         self._check_committed(request.committed_len)
+        keep = len(self.committed) if request.keep == -1 else request.keep
+        if not 0 <= keep <= len(self.committed):
+            raise SessionError("bad_request", f"keep must be -1 (all) or 0 to the {len(self.committed)} tokens "
+                                              f"committed, got {request.keep}")
+        if seed_problem(request.seed):
+            raise SessionError("bad_seed", seed_problem(request.seed))
         if request.max_tokens < 1:
             raise SessionError("bad_request", f"max_tokens must be at least 1, got {request.max_tokens}")
         if not -1 <= request.logprobs <= MAX_TOP_LOGPROBS:
@@ -225,7 +231,7 @@ class Session:
                                f"logprobs must be -1 (none) to {MAX_TOP_LOGPROBS}, got {request.logprobs}")
         if len(request.stop_ids) > MAX_STOP_IDS:
             raise SessionError("bad_request", f"{len(request.stop_ids)} stop_ids: send at most {MAX_STOP_IDS}")
-        history = len(self.committed) + len(request.append)
+        history = keep + len(request.append)
         if history == 0:
             raise SessionError("empty_context", "nothing to continue: append at least one prompt token (BOS)")
         if history + 1 > self.limits.max_context:
@@ -233,8 +239,13 @@ class Session:
                                                f"of {self.limits.max_context}")
         self.check_tokens(request.append, "append")
         self.check_tokens(request.stop_ids, "stop_ids")
-        constraint = self._constraint(request.grammar, self.committed + list(request.append), request.stop_ids)
+        constraint = self._constraint(request.grammar, self.committed[:keep] + list(request.append),
+                                      request.stop_ids)
+        if keep < len(self.committed):
+            self._keep_only(keep, history)
         self.committed += list(request.append)
+        if request.seed is not None:
+            self.randomness = DecisionRandomness(request.seed)
         self.last_seq = request.seq
         self.grammar = constraint
         self.logprobs = request.logprobs
@@ -396,6 +407,14 @@ class Session:
             return int(np.argmax(logits))
         probs = warp(logits, self.sampling)
         return race_choice(probs, self.randomness.race(position + depth, probs.shape[0]))
+
+    def _keep_only(self, keep: int, history_len: int) -> None:
+        """Drop the committed tokens from `keep` on, and their cache (at least one token of a
+        history of `history_len` is left to feed, for the logits the next pass needs)."""
+        self.cached_len = min(self.cached_len, keep, max(history_len - 1, 0))
+        if self.cache is not None:
+            self.backend.truncate(self.cache, self.cached_len)
+        del self.committed[keep:]
 
     def sync(self, request: Sync) -> Synced:
         """Adopt the client's history (and its new seed, if it sends one); keep the cached prefix

@@ -167,6 +167,13 @@ class Generate(msgspec.Struct, tag="generate"):
     grammar: Grammar | None = None
     # -1: no log probabilities; n >= 0: each Generated token's, and the n most likely (MAX_TOP_LOGPROBS)
     logprobs: int = -1
+    # -1: continue the whole committed history. k >= 0 (a service whose Welcome lists "rewind"):
+    # the new history shares only the first k of the `committed_len` tokens the service holds;
+    # it keeps those (and their cache) and appends `append`, as a Sync of the new history would,
+    # without the Sync's round trip before a new conversation's first token
+    keep: int = -1
+    # None: the session's random decisions go on as keyed; else re-keyed from here on, as Sync's seed
+    seed: int | None = None
 
 
 class Draft(msgspec.Struct, tag="draft"):

@@ -218,3 +218,28 @@ def test_a_fresh_drafter_beside_a_cpu_service_on_its_cores_does_not_probe(paced_
     else:
         assert speculator.controller.drafter_share == 0.0
         assert result.stats.ahead_drafted > 0  # a probe (its passes' slowdown is measured from then on)
+
+
+@pytest.mark.parametrize("rewind", [True, False], ids=["rewind", "older-service"])
+@pytest.mark.parametrize("mode", ["default", "server"])
+def test_a_new_conversation_on_an_open_session_waits_for_no_sync(service_on, far_link, close_draft, mode, rewind):
+    """Each prompt a new conversation on one connection, each with its own seed: the Generate keeps
+    what the histories share and re-keys itself, so no Sync's round trip comes before a first token,
+    and every reply is the one a fresh connection with that seed gets. A service that does not
+    offer it (its Welcome without "rewind", as an older one sends) gets a Sync first, as before."""
+    prompts = PROMPTS[:4]
+    reference = {prompt: _server_only(service_on("llamacpp").url, close_draft, SAMPLED, [prompt], seed=50 + i)[prompt]
+                 for i, prompt in enumerate(prompts)}
+    client = VerifyClient(far_link, hello_for(close_draft, SAMPLED, seed=7))
+    if not rewind:
+        client.welcome.capabilities.remove("rewind")  # the real service, told to be taken for an older one
+    if mode == "default":
+        generator = StreamSpeculator(close_draft, client, SAMPLED, seed=7, max_block=4)
+    else:
+        generator = ServerOnlyGenerator(client, close_draft.end_ids)
+    for i, prompt in enumerate(prompts):
+        generator.reseed(50 + i)
+        result = generator.generate(close_draft.tokenize(prompt), MAX_TOKENS)
+        assert result.token_ids == reference[prompt], prompt
+        assert result.stats.syncs == (0 if rewind else 1), (prompt, result.stats.syncs)
+    client.close()

@@ -94,6 +94,34 @@ def test_sync_keeps_the_shared_prefix(target):
     assert verdict.token == int(_fresh_logits(target, new_history).argmax())
 
 
+def test_a_generate_that_keeps_part_of_the_history_continues_like_a_fresh_session(target):
+    """Generate(keep=k) drops the committed tokens past k and their cache, appends the new ones,
+    and the stream goes on exactly as a fresh session given the new history would."""
+    session = _session(target)
+    session.start_generation(Generate(seq=1, committed_len=0, append=PROMPT))
+    for _ in range(4):
+        session.generate_step()
+    assert len(session.committed) == 9 and session.cached_len >= 8
+    new_history = PROMPT[:3] + [7, 8]
+    session.start_generation(Generate(seq=2, committed_len=9, keep=3, append=[7, 8]))
+    assert session.committed == new_history and session.cached_len == 3
+    made = [session.generate_step()[0] for _ in range(3)]
+    assert made == _greedy_continuation(target, new_history, 3)
+
+
+@pytest.mark.parametrize("keep, seed, code", [(6, None, "bad_request"), (-2, None, "bad_request"),
+                                              (2, -1, "bad_seed")])
+def test_a_generate_with_a_bad_keep_or_seed_is_refused_unchanged(target, keep, seed, code):
+    """keep past the committed history, keep below -1, a seed outside 64 bits: refused, nothing changed."""
+    session = _session(target, temperature=1.0)
+    session.start_generation(Generate(seq=1, committed_len=0, append=PROMPT))
+    before = (list(session.committed), session.cached_len, session.randomness.seed, session.last_seq)
+    with pytest.raises(SessionError) as error:
+        session.start_generation(Generate(seq=2, committed_len=5, keep=keep, seed=seed, append=[9]))
+    assert error.value.code == code
+    assert (session.committed, session.cached_len, session.randomness.seed, session.last_seq) == before
+
+
 def _sampled_rounds(session: Session, history: list[int], blocks: list[list[int]], seq: int = 1) -> list[tuple]:
     """Verify each block (every draft token given all the mass: always drafted "from" a point
     mass, so acceptance is p(x)) after `history`; returns (accepted, token) per round."""
@@ -125,6 +153,11 @@ def test_a_rebuilt_session_draws_what_the_first_one_drew(torch_target):
     rekeyed = Session(torch_target, SamplingParams(temperature=1.0), seed=12, limits=limits)
     rekeyed.sync(Sync(seq=1, tokens=PROMPT, seed=11))  # a Sync's seed re-keys like a Hello's
     assert _sampled_rounds(rekeyed, PROMPT, blocks, seq=2) == decided
+    rewound = Session(torch_target, SamplingParams(temperature=1.0), seed=12, limits=limits)
+    _sampled_rounds(rewound, PROMPT + [40, 41, 42], blocks)
+    rewound.start_generation(Generate(seq=5, committed_len=len(rewound.committed), keep=3, append=PROMPT[3:],
+                                      seed=11))  # a Generate's keep and seed do what a Sync does
+    assert _sampled_rounds(rewound, PROMPT, blocks, seq=6) == decided
     others = [_sampled_rounds(Session(torch_target, SamplingParams(temperature=1.0), seed=s, limits=limits),
                               PROMPT, blocks) for s in range(5)]
     assert any(other != decided for other in others)
