@@ -10,9 +10,11 @@ sessions) on an emulated target: the default pair's recorded greedy decisions, e
 for the time the target profile gives a pass of its shape (benchmarks/emulation/). Each user is
 a real client in its own thread with its own connection through the latency proxy (`--rtt-ms`),
 in the mode named, with an emulated drafter (the drafter profile; the real drafter's recorded
-guesses). All users start together and each makes replies of `--max-tokens` tokens, prompt
-after prompt from its own place in the set, for `--seconds` (emulated); every reply finished is
-checked against the target's recorded path.
+guesses). The users arrive spread over the first half of a warm-up (a fifth of `--seconds`,
+before the measured window; started in one instant, server-only users, all equally fast, stayed
+in step, every prompt arriving with every other's), and each makes replies of `--max-tokens`
+tokens, prompt after prompt from its own place in the set, for `--seconds` (emulated); every
+reply finished is checked against the target's recorded path.
 
 `chain` is the default mode with trees off: the chains it drafts where trees do not pay, for
 comparing the two shapes where they do.
@@ -139,7 +141,7 @@ def _generator(mode: str, draft: EmulatedDraft, client, params: SamplingParams):
 
 
 def _user(index: int, mode: str, url: str, draft: EmulatedDraft, entries: list, max_tokens: int,
-          start: threading.Barrier, window: list[float], record: UserRecord) -> None:
+          start: threading.Barrier, window: list[float], record: UserRecord, stagger_s: float = 0.0) -> None:
     from local_draft.verify_client import VerifyClient
 
     params = SamplingParams()
@@ -148,6 +150,7 @@ def _user(index: int, mode: str, url: str, draft: EmulatedDraft, entries: list, 
         client = VerifyClient(url, draft.hello(params, client=f"benchmarks.capacity ({mode})"), stall_timeout_s=120.0)
         generator = _generator(mode, draft, client, params)
         start.wait()
+        time.sleep(stagger_s)  # users arrive spread over the warm-up, not in one herd that stays in step
         reply = 0
         while time.perf_counter() < window[1]:
             entry = entries[(index + reply) % len(entries)]
@@ -186,15 +189,17 @@ def run_wave(url: str, mode: str, users: int, drafts: list[EmulatedDraft], entri
     records = [UserRecord() for _ in range(users)]
     start = threading.Barrier(users + 1)
     window = [0.0, float("inf")]
+    warm_up = seconds / 5
     threads = [threading.Thread(target=_user, args=(i, mode, url, drafts[i], entries, max_tokens, start, window,
-                                                    records[i]), daemon=True) for i in range(users)]
+                                                    records[i], warm_up / 2 * i / users), daemon=True)
+               for i in range(users)]
     for thread in threads:
         thread.start()
     try:
         start.wait(300)
     except threading.BrokenBarrierError:
         pass
-    window[0] = time.perf_counter() + seconds / 5  # after every user's first prompt is read
+    window[0] = time.perf_counter() + warm_up  # after every user's first prompt is read
     window[1] = window[0] + seconds
     time.sleep(max(0.0, window[0] - time.perf_counter()))
     busy0 = busy_seconds()
