@@ -61,10 +61,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "pass of up to N tokens; 0 runs one session's round a pass (default: %(default)s)")
     serve.add_argument("--no-batch", dest="batch_tokens", action="store_const", const=0,
                        help="one session's round a pass: the same as --batch-tokens 0")
-    serve.add_argument("--fair-passes", action="store_true",
-                       default=env("SPECWIRE_FAIR_PASSES", "") not in ("", "0"),
+    serve.add_argument("--fair-passes", action=argparse.BooleanOptionalAction,
+                       default=env("SPECWIRE_FAIR_PASSES", "1") != "0",
                        help="guesses fill a shared pass only as far as every member's ledger against a plain "
-                       "stream allows (each at most about 5%% behind one); off: by the pass's goodput alone")
+                       "stream allows (each at most about 5%% behind one; the default); --no-fair-passes: by the "
+                       "pass's goodput alone (more in all, where round trips are long, and some users slower "
+                       "than a plain stream)")
     serve.add_argument("--max-draft", type=int, default=32, help="longest draft block per round (default: %(default)s)")
     serve.add_argument("--max-context", type=int, default=4096,
                        help="longest history per session (default: %(default)s)")

@@ -36,13 +36,13 @@ device's times; the device's utilization says how far that worked (100%: passes 
 
 from __future__ import annotations
 
+import argparse
 import json
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from app.bench.prompts import PROMPTS
 from app.latency_proxy import LatencyProxy
 from benchmarks.emulation.drafter import EmulatedDraft
 from benchmarks.emulation.profiles import load_drafter_profile, load_target_profile, profile_names
@@ -239,7 +239,7 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
                  modes: list[str], kinds: list[str], max_tokens: int, seconds: float, time_scale: float,
                  recording_path: Path = DEFAULT_RECORDING, vocab_path: Path | None = None,
                  on_record=None, thin_acceptance: float | None = None, level=None,
-                 on_served=None, fair: bool = False) -> list[WaveRecord]:
+                 on_served=None, fair: bool = True) -> list[WaveRecord]:
     """Every (round trip, users, mode) wave; `vocab_path`: the GGUF of the recording's vocabulary
     (default: the default pair's draft). With `level` (a service_level.ServiceLevel), instead, per
     round trip and mode, the users served at that level, by a search over user counts from the
@@ -259,7 +259,7 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
     vocab = DraftModel(vocab_path, vocab_only=True)  # one vocabulary for every user
     service, url = start_emulated_service(target_profile, "--replay", str(recording_path), "--vocab", str(vocab_path),
                                           "--time-scale", str(time_scale), "--max-sessions", str(max(user_counts)),
-                                          *(("--fair-passes",) if fair else ()))
+                                          "--fair-passes" if fair else "--no-fair-passes")
     results = []
     what_if = "what-if" in load_target_profile(target_profile).description.lower()
     try:
@@ -272,8 +272,8 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
                 records, window, busy = run_wave(proxy.url, mode, users, drafts, entries, max_tokens,
                                                  seconds * time_scale, lambda: _metric(url, BUSY))
                 label = target_profile if mode == "server" else f"{target_profile} + {drafter_profile}"
-                if fair and mode != "server":
-                    label += " (fair passes)"
+                if not fair and mode != "server":
+                    label += " (unfair passes)"
                 if thin_acceptance is not None and mode != "server":
                     label += f" (guesses thinned to {thin_acceptance:g})"
                 label = f"{label} (what-if)" if what_if else label
@@ -377,9 +377,9 @@ def add_arguments(parser) -> None:
     group.add_argument("--thin-acceptance", type=float, metavar="A",
                        help="with --emulate: the drafters' guesses thinned so that a first guess is right A of the "
                        "time (a small drafter against a much larger target; the target's paths are the same)")
-    group.add_argument("--fair-passes", action="store_true",
-                       help="with --emulate: the service's --fair-passes (guesses only as every member's ledger "
-                       "allows)")
+    group.add_argument("--fair-passes", action=argparse.BooleanOptionalAction, default=True,
+                       help="with --emulate: the service's --fair-passes, its default (guesses only as every "
+                       "member's ledger allows); --no-fair-passes: by the pass's goodput alone")
     group.add_argument("--capacity", action="store_true",
                        help="with --emulate: instead of every count in --users, the users served at the service "
                        "level per round trip and mode, searched from the first count in --users (doubling, "

@@ -48,7 +48,8 @@ Members are planned in turn order, each told what the members before it put in t
 to verify weighs what they cost every member of this pass (remote_verify/stream_drafts.py).
 Every pass's time is recorded against its tokens in the queue's cost curve (`costs`).
 
-Fairness (`fair`, off by default: `specwire serve --fair-passes`): each member is also told how
+Fairness (`fair`: on in the service, `specwire serve --no-fair-passes` turns it off; off in a bare
+queue): each member is also told how
 much more than the plain pass (every member's own tokens, no guesses) the pass may cost, by every
 member's ledger of gains against a plain stream (remote_verify/pass_ledger.py); guesses fill only
 that, so no member pays for another's guesses beyond a small deficit. Whether on or off, a reply's
@@ -215,8 +216,8 @@ class DeviceQueue:
         self._round_s: float | None = None  # a pass holding no prefill piece takes this long (decayed mean)
         self._piece_memo: dict = {}  # piece limits found while forming the current turn
         self.ledger = PassLedger()  # each session's gain against a plain stream (fair shared passes)
-        # guesses fill only what every member's ledger allows (False, the default: the pass's goodput alone;
-        # the ledger cost aggregate on the emulated 70B and 7B, and paid on the 32B: docs/results.md)
+        # guesses fill only what every member's ledger allows (the service sets it: ServiceConfig.fair_passes,
+        # on unless `serve --no-fair-passes`); False: the pass's goodput alone (docs/results.md)
         self.fair = False
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name=f"{name}-worker", daemon=True)

@@ -99,7 +99,7 @@ class ServiceConfig:
     service_limits: ServiceLimits = ServiceLimits()  # per service and connection
     batch_tokens: int = BATCH_TOKENS  # budget of a forward pass shared by sessions; 0: one session a pass
     public_metrics: bool = False  # /metrics without the token (a scraper inside the cluster); else behind it
-    fair_passes: bool = False  # guesses fill a shared pass only as every member's ledger allows (pass_ledger.py)
+    fair_passes: bool = True  # guesses fill a shared pass only as every member's ledger allows (pass_ledger.py)
     device_nice: int = 0  # the device thread's niceness over the event loop's (remote_verify/device_priority.py)
 
 

@@ -59,9 +59,9 @@ def main() -> None:
     parser.add_argument("--max-context", type=int, default=4096)
     parser.add_argument("--max-draft", type=int, default=32)
     parser.add_argument("--exit-with-parent", action="store_true")
-    parser.add_argument("--fair-passes", action="store_true",
+    parser.add_argument("--fair-passes", action=argparse.BooleanOptionalAction, default=True,
                         help="guesses fill a shared pass only as every member's ledger allows (specwire serve "
-                        "--fair-passes)")
+                        "--fair-passes, its default)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.exit_with_parent:
