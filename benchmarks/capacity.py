@@ -316,6 +316,12 @@ def _metric(url: str, name: str) -> float:
     raise KeyError(name)
 
 
+def first_token_said(record: WaveRecord) -> str:
+    if not record.first_tokens:
+        return "unmeasured (no reply began in the window: lengthen --seconds)"
+    return f"{record.first_token_p99_s:.3f} s over {record.first_tokens} replies"
+
+
 def print_records(records: list[WaveRecord]) -> None:
     print("EMULATED device (every figure below): target and drafter profiles as named; tokens/s per user "
           "and aggregate; first token in s")
@@ -406,7 +412,7 @@ def main_emulated(args) -> None:
                            on_record=lambda r: print(f"  {r.rtt_ms:g} ms {r.users} users {r.mode}: "
                                                      f"{r.aggregate_tok_s:.1f} tok/s aggregate, slowest user "
                                                      f"{r.user_min_tok_s:.1f}, first token p99 "
-                                                     f"{r.first_token_p99_s:.3f} s (emulated)", flush=True),
+                                                     f"{first_token_said(r)} (emulated)", flush=True),
                            thin_acceptance=args.thin_acceptance, level=level,
                            on_served=lambda rtt, mode, n: served.append((rtt, mode, n)), fair=args.fair_passes)
     print_records(records)

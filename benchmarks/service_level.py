@@ -20,9 +20,10 @@ class ServiceLevel:
     first_token_s: float = 1.0  # the first token's p99 at most
 
     def met(self, record) -> bool:
-        """Whether a wave's record (capacity.WaveRecord) meets the level."""
-        return (record.user_min_tok_s >= self.tok_s and record.first_token_p99_s <= self.first_token_s
-                and not record.errors)
+        """Whether a wave's record (capacity.WaveRecord) meets the level; not where no reply began in its
+        window (the first token unmeasured: a window shorter than a reply)."""
+        return (record.user_min_tok_s >= self.tok_s and record.first_tokens > 0
+                and record.first_token_p99_s <= self.first_token_s and not record.errors)
 
     def describe(self) -> str:
         return f"every user >= {self.tok_s:g} tokens/s, first token p99 <= {self.first_token_s:g} s"
