@@ -428,10 +428,7 @@ class Session:
         limit = min(self.cached_len, len(request.tokens))
         while common < limit and self.committed[common] == request.tokens[common]:
             common += 1
-        common = min(common, max(len(request.tokens) - 1, 0))
-        if self.cache is not None:
-            self.backend.truncate(self.cache, common)
-        self.cached_len = common
+        self._keep_only(common, len(request.tokens))
         self.committed = list(request.tokens)
         self.last_seq = request.seq  # a Sync starts a new run of sequence numbers
         if request.seed is not None:
