@@ -10,6 +10,8 @@ that need it (a service that lost track of the session).
 
 from __future__ import annotations
 
+from typing import Callable
+
 from local_draft.verify_client import VerifyClient
 
 CAPABILITY = "rewind"  # in Welcome.capabilities of a service that takes Generate.keep and Generate.seed
@@ -27,3 +29,18 @@ def shared_prefix(service_history: list[int], history: list[int]) -> int:
     while common < limit and service_history[common] == history[common]:
         common += 1
     return common
+
+
+def opening(client: VerifyClient, service_history: list[int], history: list[int], rebuild: bool,
+            sync: Callable[[], None]) -> tuple[int, int]:
+    """(committed_len, keep) for the Generate that starts a reply after `history`; `service_history`:
+    what the service holds, as the client knows it. Where the service's copy differs (or `rebuild`:
+    a new seed, a retry), the Generate keeps what both share, or, on a service that cannot, `sync`
+    rebuilds the copy first (a round trip) and the Generate keeps it all (-1)."""
+    known = len(service_history)
+    if not rebuild and service_history == history[:known]:
+        return known, -1
+    if can_rewind(client):
+        return known, shared_prefix(service_history, history)
+    sync()
+    return len(history), -1

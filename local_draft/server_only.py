@@ -15,7 +15,7 @@ import time
 from typing import Iterable, Sequence
 
 from local_draft.generation_stats import Generation, GenerationStats
-from local_draft.history_rewind import can_rewind, shared_prefix
+from local_draft.history_rewind import opening
 from local_draft.service_link import ServiceLink
 from local_draft.speculator import FixedLink, OnCommit, ShouldStop
 from local_draft.verify_client import ServiceUnreachable, VerifyClient, VerifyError
@@ -101,14 +101,10 @@ class ServerOnlyGenerator:
             raise GrammarUnsupported(f"the verification service cannot apply a {self._grammar_at.kind} grammar: "
                                      "it runs an older specwire, or one without llguidance")
         for attempt in range(2):
+            if attempt:  # the service lost track of us once: rebuild its copy
+                self._sync(client, history)
             rekey = self._seed is not None and self._keyed is not client
-            known, keep = len(self._service_history), -1
-            if attempt or rekey or self._service_history != history[:known]:
-                if not attempt and can_rewind(client):  # in the Generate itself: no round trip first
-                    keep = shared_prefix(self._service_history, history)
-                else:
-                    self._sync(client, history)
-                    known = keep = len(history)
+            known, keep = opening(client, self._service_history, history, rekey, lambda: self._sync(client, history))
             self._keyed = client
             self._seq += 1
             self._service_history = []  # unknown until the stream ends

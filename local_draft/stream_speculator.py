@@ -56,7 +56,7 @@ from local_draft.draft_model import DraftModel, DraftModelError
 from local_draft.draft_source import drafter_and_end_ids
 from local_draft.draft_tree import DraftTree
 from local_draft.generation_stats import Generation, GenerationStats
-from local_draft.history_rewind import can_rewind, shared_prefix
+from local_draft.history_rewind import opening
 from local_draft.ngram_draft import NGramDrafter
 from local_draft.service_link import ServiceLink
 from local_draft.speculator import FixedLink, OnCommit, ShouldStop
@@ -338,13 +338,7 @@ class StreamSpeculator:
     def _start(self, client: VerifyClient, history: list[int], budget: int) -> int:
         """Send Generate (after a Sync if the service's copy or its seed may differ); returns its seq."""
         rekey = not self.params.greedy and self._keyed is not client and client.hello_seed != self.seed
-        known, keep = len(self._service_history), -1
-        if rekey or self._service_history != history[:known]:
-            if can_rewind(client):  # the same in the Generate itself: no round trip before the first token
-                keep = shared_prefix(self._service_history, history)
-            else:
-                self._sync(client, history)
-                known = keep = len(history)
+        known, keep = opening(client, self._service_history, history, rekey, lambda: self._sync(client, history))
         self._keyed = client
         self._seq += 1
         self._service_history = []  # unknown until the stream ends
