@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -108,6 +109,10 @@ class WaveRecord:
     acceptance_by_depth: list[float] = field(default_factory=list)
     widths: list[int] = field(default_factory=list)  # each user's tree width at the end (1: chains)
     first_tokens: int = 0  # the replies begun in the window: what the first-token figures are over
+    # connections the clients' ping watch cut as stalled (local_draft/ping_watch.py): on this machine, a sign
+    # that the users' process could not keep up (128 users under a sampling profiler, which pauses the
+    # process, cut 143), not the emulated link; the wave's figures then measure reconnects
+    links_cut: int = 0
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -182,10 +187,33 @@ def _user(index: int, mode: str, url: str, draft: EmulatedDraft, entries: list, 
             client.close()
 
 
+class _Count(logging.Handler):
+    """Counts the records logged to it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+
+
 def run_wave(url: str, mode: str, users: int, drafts: list[EmulatedDraft], entries: list, max_tokens: int,
-             seconds: float, busy_seconds) -> tuple[list[UserRecord], tuple[float, float], float]:
-    """Every user generating for `seconds` (wall); returns their records, the window and the
-    device's busy seconds in it."""
+             seconds: float, busy_seconds) -> tuple[list[UserRecord], tuple[float, float], float, int]:
+    """Every user generating for `seconds` (wall); returns their records, the window, the
+    device's busy seconds in it and the links the clients' ping watch cut."""
+    cuts = _Count()
+    watch_log = logging.getLogger("local_draft.ping_watch")
+    watch_log.addHandler(cuts)
+    try:
+        records, window, busy = _run_wave(url, mode, users, drafts, entries, max_tokens, seconds, busy_seconds)
+    finally:
+        watch_log.removeHandler(cuts)
+    return records, window, busy, cuts.count
+
+
+def _run_wave(url: str, mode: str, users: int, drafts: list[EmulatedDraft], entries: list, max_tokens: int,
+              seconds: float, busy_seconds) -> tuple[list[UserRecord], tuple[float, float], float]:
     records = [UserRecord() for _ in range(users)]
     start = threading.Barrier(users + 1)
     window = [0.0, float("inf")]
@@ -239,7 +267,7 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
                  modes: list[str], kinds: list[str], max_tokens: int, seconds: float, time_scale: float,
                  recording_path: Path = DEFAULT_RECORDING, vocab_path: Path | None = None,
                  on_record=None, thin_acceptance: float | None = None, level=None,
-                 on_served=None, fair: bool = True) -> list[WaveRecord]:
+                 on_served=None, fair: bool = True, batch_tokens: int | None = None) -> list[WaveRecord]:
     """Every (round trip, users, mode) wave; `vocab_path`: the GGUF of the recording's vocabulary
     (default: the default pair's draft). With `level` (a service_level.ServiceLevel), instead, per
     round trip and mode, the users served at that level, by a search over user counts from the
@@ -257,9 +285,13 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
     pair = get_pair()
     vocab_path = vocab_path or file_path(pair, pair.draft)
     vocab = DraftModel(vocab_path, vocab_only=True)  # one vocabulary for every user
+    # its fingerprint and end tokens read once, here: every user's thread asks for them at its start, and
+    # 128 threads reading 151,936 token texts at once each (nothing cached yet) held a wave's start for minutes
+    vocab.vocab_fingerprint, vocab.end_ids
     service, url = start_emulated_service(target_profile, "--replay", str(recording_path), "--vocab", str(vocab_path),
                                           "--time-scale", str(time_scale), "--max-sessions", str(max(user_counts)),
-                                          "--fair-passes" if fair else "--no-fair-passes")
+                                          "--fair-passes" if fair else "--no-fair-passes",
+                                          *(("--batch-tokens", str(batch_tokens)) if batch_tokens is not None else ()))
     results = []
     what_if = "what-if" in load_target_profile(target_profile).description.lower()
     try:
@@ -269,8 +301,8 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
 
             def probe(users: int, mode: str) -> WaveRecord:
                 drafts = [EmulatedDraft(vocab, drafter, guessed, time_scale) for _ in range(users)]
-                records, window, busy = run_wave(proxy.url, mode, users, drafts, entries, max_tokens,
-                                                 seconds * time_scale, lambda: _metric(url, BUSY))
+                records, window, busy, cut = run_wave(proxy.url, mode, users, drafts, entries, max_tokens,
+                                                      seconds * time_scale, lambda: _metric(url, BUSY))
                 label = target_profile if mode == "server" else f"{target_profile} + {drafter_profile}"
                 if not fair and mode != "server":
                     label += " (unfair passes)"
@@ -278,6 +310,10 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
                     label += f" (guesses thinned to {thin_acceptance:g})"
                 label = f"{label} (what-if)" if what_if else label
                 record = summarize(records, window, busy, users, mode, rtt, label, time_scale)
+                record.links_cut = cut
+                if cut:
+                    record.errors.insert(0, f"{cut} links cut as stalled by the clients' ping watch: this machine "
+                                            f"could not keep up with {users} users; raise --time-scale")
                 results.append(record)
                 if on_record is not None:
                     on_record(record)
@@ -414,7 +450,8 @@ def main_emulated(args) -> None:
                                                      f"{r.user_min_tok_s:.1f}, first token p99 "
                                                      f"{first_token_said(r)} (emulated)", flush=True),
                            thin_acceptance=args.thin_acceptance, level=level,
-                           on_served=lambda rtt, mode, n: served.append((rtt, mode, n)), fair=args.fair_passes)
+                           on_served=lambda rtt, mode, n: served.append((rtt, mode, n)), fair=args.fair_passes,
+                           batch_tokens=args.batch_tokens)
     print_records(records)
     if level is not None:
         print_served(args.emulate, served, level, users[-1])

@@ -7,6 +7,15 @@ tokens, with exponential forgetting: a busy neighbour on a shared machine, or a 
 shows within a few dozen passes). Between measured sizes the curve is interpolated, past the
 largest it grows along its last slope, so any n has a cost.
 
+A shared pass's cost depends on its members too, not only on its tokens: each member's
+sequence adds its own work (sampling, attention over its own cache), so 64 tokens cost more as
+the last tokens of 64 streams than as one stream's block. A curve keyed by tokens alone, kept
+across loads, priced a pass of 64 streams by passes measured with 128 (the emulated 70B target:
+a wave of 64 users after one of 128 verified 0.8 guesses a pass, against 1.8 on a fresh
+service). So every pass is also recorded in a curve of its own for passes of about as many
+members (`shared`: sizes a factor of about 1.4 apart), and the pricing of a shared pass reads
+that one where it has been measured.
+
 Two readers: a stream's block choice (how many of a client's draft tokens a pass should
 verify: remote_verify/stream_drafts.py), and the clients, who get the curve in their Welcome
 (`PassCost` points) and decide from it whether their drafting can pay at all. On a GPU the
@@ -17,6 +26,7 @@ every token, which is why the same controller drafts there so much less.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import threading
 import time
@@ -38,22 +48,43 @@ CALIBRATION_RUNS = 3  # timed runs of each size after its first: their median is
 CALIBRATION_BUDGET_S = 2.0
 REPORTED_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the points a Welcome carries
 
+
+def members_band(members: int) -> int:
+    """The band of passes with about `members` members: bands a factor of sqrt(2) apart."""
+    return round(2 * math.log2(max(1, members)))
+
+
 class PassCosts:
     def __init__(self) -> None:
         self._lock = threading.Lock()  # observed on the device thread, read on the event loop too
         self._seconds: dict[int, tuple[float, float]] = {}  # tokens -> (decayed total, decayed weight)
+        self._by_members: dict[int, PassCosts] = {}  # members_band -> the curve of passes in that band
 
     @property
     def known(self) -> bool:
         return bool(self._seconds)
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        """A pass of `tokens` tokens (every session's in it) took `seconds`."""
+    def observe(self, tokens: int, seconds: float, members: int = 1) -> None:
+        """A pass of `tokens` tokens (every session's in it), of `members` sessions, took `seconds`."""
         if tokens < 1 or not seconds >= 0:
             return
+        self._record(tokens, seconds)
+        with self._lock:
+            band = self._by_members.get(members_band(members))
+            if band is None:
+                band = self._by_members[members_band(members)] = PassCosts()
+        band._record(tokens, seconds)
+
+    def _record(self, tokens: int, seconds: float) -> None:
         with self._lock:
             total, weight = self._seconds.get(tokens, (0.0, 0.0))
             self._seconds[tokens] = (total * MEMORY + seconds, weight * MEMORY + 1.0)
+
+    def shared(self, members: int) -> "PassCosts":
+        """The curve of passes of about `members` members, once one has been timed; else this one."""
+        with self._lock:
+            band = self._by_members.get(members_band(members))
+        return band if band is not None and band.known else self
 
     def seconds(self, tokens: int) -> float | None:
         """c(tokens): the expected seconds of a pass of that many tokens (None before any measurement)."""

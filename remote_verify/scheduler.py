@@ -505,7 +505,9 @@ class DeviceQueue:
         sizes = [self._size(item.work) for item in items]
         mandatory = sum(sizes)
         so_far = PassSoFar(budget=budget, share=max(0.0, (budget - mandatory) / len(items)))
-        plain_s = self.costs.seconds(mandatory) if self.fair and len(items) > 1 else None
+        costs = self.costs.shared(len(items))  # a pass of about this many members (remote_verify/pass_costs.py)
+        so_far.costs = costs
+        plain_s = costs.seconds(mandatory) if self.fair and len(items) > 1 else None
         rooms = [self.ledger.room(item.session, _starting(item.work)) for item in items]
         gains: list[float | None] = [None] * len(items)  # planned members' expected kept guesses
         for i, item in enumerate(items):
@@ -522,7 +524,7 @@ class DeviceQueue:
                 so_far.add(planned.share, planned.expected)
                 gains[i] = planned.expected - 1.0
         items.clear()
-        ratio = (self.costs.seconds(so_far.tokens) or plain_s) / plain_s if plain_s and members else None
+        ratio = (costs.seconds(so_far.tokens) or plain_s) / plain_s if plain_s and members else None
         if members:
             self.passes += 1
             self.shared_items += len(members)
@@ -536,7 +538,7 @@ class DeviceQueue:
             else:
                 forward_s = time.perf_counter() - began
                 self.busy_s += forward_s
-                self.costs.observe(so_far.tokens, forward_s)
+                self.costs.observe(so_far.tokens, forward_s, len(members))
                 self._time_pieces(members, forward_s)
                 for (item, planned), result in zip(members, results):
                     value, error = _attempt(planned.finish, result, forward_s)
@@ -545,7 +547,7 @@ class DeviceQueue:
                                                ratio)
                     self._hand_back(item, value, error, started)
         members.clear()
-        del items, members, item, planned, error, results, result, value, forward_s, ratio
+        del items, members, item, planned, error, results, result, value, forward_s, ratio, costs
 
     def _time_pieces(self, members: list[tuple[_Item, Planned]], forward_s: float) -> None:
         """Keep what a pass of rounds takes, and what each prefill piece in this pass took."""

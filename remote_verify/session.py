@@ -327,7 +327,8 @@ class Session:
         chances = None if guesses.is_chain or drafts is None else tree_chances(guesses, drafts.acceptance)
         take = len(guesses)
         if take and costs is not None:
-            take = best_block(take, drafts.acceptance, costs.seconds, len(unrun), so_far, chances)
+            priced = so_far.costs if so_far.costs is not None else costs  # passes with as many members
+            take = best_block(take, drafts.acceptance, priced.seconds, len(unrun), so_far, chances)
         block = guesses.pruned(take, take)
         if not block.tokens:
             expected = 1.0

@@ -30,7 +30,7 @@ never trusted wrongly.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from wire.draft_tree import ROOT, GuessTree
 from wire.protocol import Draft
@@ -75,6 +75,9 @@ class PassSoFar:
     plain_s: float | None = None
     others_room: float = float("inf")
     own_room: float = float("inf")
+    # the cost curve of passes of about this many members (remote_verify/pass_costs.py `shared`): what the
+    # pass's guesses are priced by (None: the stream's own curve)
+    costs: Any = None
 
     def add(self, share, expected: float) -> None:
         """A member planned: its share of the pass (a backends.Pass) and the tokens it expects to commit."""

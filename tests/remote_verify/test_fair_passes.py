@@ -55,10 +55,11 @@ def guessing_stream(backend, costs: PassCosts) -> tuple[Session, object]:
     return session, session.stream_work(drafts, room=100, costs=costs)  # priced by the queue's curve
 
 
-def one_shared_pass(backend, fair: bool, other: str, behind: bool) -> tuple[int, int]:
+def one_shared_pass(backend, fair: bool, other: str, behind: bool, costs: PassCosts | None = None) -> tuple[int, int]:
     """(tokens the shared pass fed, the tokens its members had to feed) for the guessing stream and
-    `other` ("plain": a stream one token in, no guesses; "first": a reply's prompt and first token)."""
-    costs = compute_bound()
+    `other` ("plain": a stream one token in, no guesses; "first": a reply's prompt and first token),
+    on the queue's cost curve `costs` (a compute-bound device's by default)."""
+    costs = costs if costs is not None else compute_bound()
     queue = DeviceQueue("fair-test", costs=costs)
     queue.fair = fair
     guesser, guessing = guessing_stream(backend, costs)
@@ -123,3 +124,21 @@ def test_a_first_token_never_waits_for_other_members_guesses(backend):
     assert mandatory < fed and costs.seconds(fed) <= (1 + FIRST_TOKEN_ROOM) * costs.seconds(mandatory) + 1e-9
     fed_unfair, mandatory = one_shared_pass(backend, fair=False, other="first", behind=False)
     assert costs.seconds(fed_unfair) > (1 + FIRST_TOKEN_ROOM) * costs.seconds(mandatory)
+
+
+def test_a_pass_is_priced_by_passes_of_about_as_many_members(backend, monkeypatch):
+    """The passes of one member timed compute-bound (each token costs), many times; the passes of two
+    timed flat, once: a pass of two members is priced by the passes of two and takes every guess.
+    Priced by the curve of every pass instead (planted: mostly the one-member passes), it takes only
+    what a compute-bound device affords."""
+    costs = PassCosts()
+    for n in (2, 4, 8, 16, 32):
+        costs.observe(n, 0.003, members=2)
+    for _ in range(10):
+        for n in (2, 4, 8, 16, 32):
+            costs.observe(n, (2 + n) / 1000, members=1)
+    fed, mandatory = one_shared_pass(backend, fair=True, other="plain", behind=False, costs=costs)
+    assert fed == mandatory + 12  # every guess of the chain
+    monkeypatch.setattr(PassCosts, "shared", lambda self, members: self)
+    fed_planted, mandatory = one_shared_pass(backend, fair=True, other="plain", behind=False, costs=costs)
+    assert fed_planted < mandatory + 12

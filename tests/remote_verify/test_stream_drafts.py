@@ -136,6 +136,21 @@ def test_pass_costs_interpolate_between_sizes_and_follow_their_last_slope():
     assert [p.tokens for p in costs.curve()][:3] == [1, 2, 4]
 
 
+def test_a_pass_of_as_many_members_has_a_curve_of_its_own():
+    """Passes are timed by their members too: the curve of passes of about 64 members is not moved by
+    passes of 128, and a count never timed is priced by the curve of every pass."""
+    costs = PassCosts()
+    for n in (64, 128, 192):
+        costs.observe(n, (29 + 0.09 * max(0, n - 64)) / 1000, members=64)
+    for n in (128, 192, 256):
+        costs.observe(n, (41 + 0.09 * (n - 128)) / 1000, members=128)
+    assert costs.shared(64).seconds(128) == pytest.approx(0.03476)
+    assert costs.shared(70).seconds(128) == pytest.approx(0.03476)  # about as many: the same band
+    assert costs.shared(128).seconds(128) == pytest.approx(0.041)
+    assert 0.0348 < costs.seconds(128) < 0.0409  # every pass's: a mixture of the two
+    assert costs.shared(8) is costs  # never timed
+
+
 def test_guesses_fill_what_the_pass_budget_leaves(llamacpp_target):
     """A stream's next pass must feed its last token; its guesses take only what the pass's token
     budget leaves (the queue fits streams by their last token, never leaving one out for guesses)."""
