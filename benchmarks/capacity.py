@@ -49,6 +49,7 @@ from benchmarks.emulation.drafter import EmulatedDraft
 from benchmarks.emulation.profiles import load_drafter_profile, load_target_profile, profile_names
 from benchmarks.emulation.recording import DEFAULT_RECORDING, Recording, thinned
 from benchmarks import service_level
+from benchmarks.service_level import percentile
 from benchmarks.emulation.serve import start_emulated_service
 from wire.protocol import SamplingParams
 
@@ -113,13 +114,7 @@ class WaveRecord:
     # that the users' process could not keep up (128 users under a sampling profiler, which pauses the
     # process, cut 143), not the emulated link; the wave's figures then measure reconnects
     links_cut: int = 0
-
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return 0.0
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+    user_rates: list[float] = field(default_factory=list)  # each user's tokens/s, slowest first
 
 
 def prompt_set(recording: Recording, kinds: list[str]) -> list:
@@ -260,7 +255,7 @@ def summarize(records: list[UserRecord], window: tuple[float, float], busy_s: fl
         errors=[r.error for r in records if r.error] + [d for r in records for d in r.differing][:3],
         time_scale=time_scale, tokens_per_pass=sum(r.tokens for r in records) / max(passes, 1),
         nodes_per_pass=drafted / max(passes, 1), acceptance_by_depth=by_depth[:12], widths=[r.width for r in records],
-        first_tokens=len(firsts))
+        first_tokens=len(firsts), user_rates=sorted(round(rate, 2) for rate in rates))
 
 
 def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float], user_counts: list[int],
@@ -427,7 +422,10 @@ def add_arguments(parser) -> None:
                        "level per round trip and mode, searched from the first count in --users (doubling, "
                        "then halving the gap twice) up to the last")
     group.add_argument("--level-tok-s", type=float, default=30.0,
-                       help="with --capacity: every user's tokens/s at least this (default 30)")
+                       help="with --capacity: the users' tokens/s at --level-users at least this (default 30)")
+    group.add_argument("--level-users", type=float, default=50.0, metavar="P",
+                       help="with --capacity: the percentile of the users that must reach --level-tok-s "
+                       "(default 50: the median user; 0: every user, the slowest)")
     group.add_argument("--level-first-token-s", type=float, default=1.0,
                        help="with --capacity: the first token's p99 at most this, in s (default 1)")
     group.add_argument("--time-scale", type=float, default=1.0,
@@ -439,14 +437,18 @@ def main_emulated(args) -> None:
         for name in profile_names():
             print(name)
         return
-    level = service_level.ServiceLevel(args.level_tok_s, args.level_first_token_s) if args.capacity else None
+    if not 0 <= args.level_users <= 100:
+        raise SystemExit(f"--level-users is a percentile of the users, 0 (every user) to 100; got {args.level_users:g}")
+    level = service_level.ServiceLevel(args.level_tok_s, args.level_first_token_s, args.level_users) \
+        if args.capacity else None
     served: list[tuple[float, str, int]] = []
     users = sorted(int(u) for u in args.users.split(","))
     records = run_capacity(args.emulate, args.drafter, [float(r) for r in args.rtt_ms.split(",")],
                            users, args.modes.split(","), args.kinds.split(","),
                            args.max_tokens, args.seconds, args.time_scale, args.recording, args.vocab,
                            on_record=lambda r: print(f"  {r.rtt_ms:g} ms {r.users} users {r.mode}: "
-                                                     f"{r.aggregate_tok_s:.1f} tok/s aggregate, slowest user "
+                                                     f"{r.aggregate_tok_s:.1f} tok/s aggregate, user p50 "
+                                                     f"{r.user_p50_tok_s:.1f}, slowest user "
                                                      f"{r.user_min_tok_s:.1f}, first token p99 "
                                                      f"{first_token_said(r)} (emulated)", flush=True),
                            thin_acceptance=args.thin_acceptance, level=level,

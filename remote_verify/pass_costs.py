@@ -16,6 +16,21 @@ service). So every pass is also recorded in a curve of its own for passes of abo
 members (`shared`: sizes a factor of about 1.4 apart), and the pricing of a shared pass reads
 that one where it has been measured.
 
+The curve is read smoothed (`points`): sizes past EXACT_SIZES are pooled in bins about 9% apart
+(their weighted means), the pooled points made never to fall (a larger pass never costs less),
+past the largest size the curve grows along a line fitted to the upper half of its sizes, and
+below the smallest it falls along one fitted to the lower half (never below cost in proportion
+to tokens).
+A shared pass's size is its members' tokens plus their guesses, so its sizes are many and each
+seen a few times: read raw, two neighbouring sizes' noise set the slope that priced the next
+guess, and past the largest size seen a guess looked free wherever the last two happened to be
+level (the emulated 70B target at 128 users, with no pass budget: passes of ten guesses a
+member, 3,475 tokens/s against 4,814 at a budget of 1,024; one run each). And a band whose passes
+all carry guesses never times a plain pass of its members: read flat below its smallest size, it
+priced the plain pass as dear as the guessing ones, and every member's ledger (pass_ledger.py)
+saw passes four times as long as plain ones cost it nothing (at 128 users with no budget, a
+tenth of the users made 10 tokens/s where the median made 28).
+
 Two readers: a stream's block choice (how many of a client's draft tokens a pass should
 verify: remote_verify/stream_drafts.py), and the clients, who get the curve in their Welcome
 (`PassCost` points) and decide from it whether their drafting can pay at all. On a GPU the
@@ -33,7 +48,7 @@ import time
 import weakref
 from typing import Sequence
 
-from wire.cost_curve import interpolate
+from wire.cost_curve import interpolate, pooled_curve
 from wire.protocol import PassCost
 
 log = logging.getLogger(__name__)
@@ -59,6 +74,8 @@ class PassCosts:
         self._lock = threading.Lock()  # observed on the device thread, read on the event loop too
         self._seconds: dict[int, tuple[float, float]] = {}  # tokens -> (decayed total, decayed weight)
         self._by_members: dict[int, PassCosts] = {}  # members_band -> the curve of passes in that band
+        # (points, slope before them, slope past them): see `seconds`
+        self._smoothed: tuple[list[tuple[float, float]], float, float] | None = None
 
     @property
     def known(self) -> bool:
@@ -79,6 +96,7 @@ class PassCosts:
         with self._lock:
             total, weight = self._seconds.get(tokens, (0.0, 0.0))
             self._seconds[tokens] = (total * MEMORY + seconds, weight * MEMORY + 1.0)
+            self._smoothed = None
 
     def shared(self, members: int) -> "PassCosts":
         """The curve of passes of about `members` members, once one has been timed; else this one."""
@@ -88,12 +106,33 @@ class PassCosts:
 
     def seconds(self, tokens: int) -> float | None:
         """c(tokens): the expected seconds of a pass of that many tokens (None before any measurement)."""
-        return interpolate(self.points(), tokens)
+        points, below, past = self._smooth()
+        if not points:
+            return None
+        (first, first_s), (last, last_s) = points[0], points[-1]
+        tokens = max(tokens, 1)  # no pass costs less than one of a token
+        if tokens < first:  # a pass smaller than any timed: along the curve's first slope, and never less than
+            # in proportion to its tokens (a pass's cost is a fixed part plus a part that grows with them)
+            return max(first_s - below * (first - tokens), first_s * tokens / first)
+        if tokens > last:
+            return last_s + past * (tokens - last)
+        return interpolate(points, tokens)
 
-    def points(self) -> list[tuple[int, float]]:
-        """The measured (tokens, seconds) points, sorted: read once to evaluate the curve many times."""
+    def sizes(self) -> list[int]:
+        """The pass sizes (tokens) timed so far."""
         with self._lock:
-            return sorted((n, total / weight) for n, (total, weight) in self._seconds.items())
+            return sorted(self._seconds)
+
+    def points(self) -> list[tuple[float, float]]:
+        """The curve's (tokens, seconds) points, smoothed (see the module's docstring), sorted."""
+        return self._smooth()[0]
+
+    def _smooth(self) -> tuple[list[tuple[float, float]], float, float]:
+        with self._lock:
+            if self._smoothed is None:
+                self._smoothed = pooled_curve([(n, total / weight, weight) for n, (total, weight)
+                                               in sorted(self._seconds.items())])
+            return self._smoothed
 
     def curve(self, sizes: Sequence[int] = REPORTED_SIZES) -> list[PassCost]:
         """The curve at a few sizes, for a Welcome (empty before any measurement)."""

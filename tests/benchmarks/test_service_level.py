@@ -2,13 +2,15 @@
 
 from types import SimpleNamespace
 
+import pytest
+
 from benchmarks.service_level import ServiceLevel, search
 
 
-def wave(users: int, capacity: int, first_token_s: float = 0.2):
+def wave(users: int, capacity: int, first_token_s: float = 0.2, rates: list[float] | None = None):
     """A stand-in wave's record: every user at 30 tokens/s or more up to `capacity` users, slower past it."""
-    slowest = 40.0 if users <= capacity else 25.0
-    return SimpleNamespace(users=users, user_min_tok_s=slowest, first_token_p99_s=first_token_s, errors=[],
+    rates = rates if rates is not None else [40.0 if users <= capacity else 25.0] * users
+    return SimpleNamespace(users=users, user_rates=sorted(rates), first_token_p99_s=first_token_s, errors=[],
                            first_tokens=users)
 
 
@@ -36,3 +38,18 @@ def test_either_part_of_the_level_breaks_it():
     assert served == 64  # never broken up to the limit: the limit (the table marks it 64+)
     served, _ = search(lambda users: wave(users, capacity=2), level, start=4, limit=64)
     assert served == 2  # broken at the first count: the gap below it is searched (4, then 2, then 3)
+
+
+def test_the_level_is_read_at_the_users_percentile_it_names():
+    # five users: the slowest under 30 tokens/s, the median over it
+    mixed = wave(5, capacity=5, rates=[36.0, 22.0, 31.0, 40.0, 33.0])
+    assert ServiceLevel().met(mixed)  # the median user (33 tokens/s) by default
+    assert not ServiceLevel(users_percentile=0).met(mixed)  # every user: the slowest makes 22
+    assert ServiceLevel(users_percentile=0).user_tok_s(mixed) == 22.0
+    assert ServiceLevel(users_percentile=100).user_tok_s(mixed) == 40.0
+    assert not ServiceLevel(tok_s=34).met(mixed)
+    assert not ServiceLevel().met(wave(0, capacity=5, rates=[]))  # no user at all serves nobody
+    assert "every user" in ServiceLevel(users_percentile=0).describe()
+    assert "median" in ServiceLevel().describe()
+    with pytest.raises(ValueError, match="percentile"):
+        ServiceLevel(users_percentile=120)

@@ -491,6 +491,24 @@ def test_a_prefill_piece_is_sized_by_the_curve_timed_on_the_queue():
         cpu.shutdown()
 
 
+def test_a_piece_is_priced_by_passes_of_one_session_not_by_crowded_ones():
+    """Passes of 128 streams cost more at the same sizes than one session's: a piece is sized against a
+    one-session round by passes of one session, whatever crowded passes the queue also timed (priced
+    by every pass, a first token under load waited for a prompt cut into pieces of a few dozen)."""
+    from remote_verify.pass_costs import PassCosts
+
+    costs = PassCosts()
+    for n in (1, 2, 4, 8, 16):  # the calibration: one session, the emulated 70B (flat, then 0.089 ms a token)
+        costs.observe(n, 0.0186 + 0.00008 * (n - 1))
+    for n in range(128, 257, 4):  # a hundred and twenty-eight streams with a guess or so each
+        costs.observe(n, 0.041 + 0.000089 * (n - 128), members=128)
+    queue = DeviceQueue(name="crowded-piece-test", costs=costs)
+    try:
+        assert queue._measured_piece_tokens() >= 200  # c1(n) <= 2 c1(5): 23.62 + 0.089 (n - 64) <= 37.3 ms
+    finally:
+        queue.shutdown()
+
+
 def test_bookkeeping_goes_ahead_of_the_line_by_charge(recorder):
     """Starting a stream or a Sync runs no pass: it goes first, ahead of sessions charged less, so a
     session back with a new reply does not wait for every stream to catch up with its charge."""

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import random
 import time
 
-from remote_verify.pass_costs import PassCosts
 import pytest
 
+from remote_verify.pass_costs import PassCosts
 from remote_verify.stream_drafts import PRIOR_ACCEPTANCE, PassSoFar, StreamDrafts, best_block, tree_chances
 from wire.draft_tree import GuessTree
 from wire.cost_curve import interpolate
@@ -151,6 +152,37 @@ def test_a_pass_of_as_many_members_has_a_curve_of_its_own():
     assert costs.shared(8) is costs  # never timed
 
 
+def test_a_noisy_curve_is_read_smoothed_and_keeps_rising_past_its_largest_size():
+    """Shared passes come in many sizes, each timed a few times with noise: the curve read from them
+    never falls, stays near the truth, and past the largest size grows at about the true slope, even
+    where the last two sizes happened to time level (read raw, the next guesses there looked free)."""
+    rng = random.Random(7)
+    true = lambda n: (41 + 0.089 * (n - 128)) / 1000  # a 128-member pass of the emulated 70B target
+    costs = PassCosts()
+    for n in range(128, 299):
+        costs.observe(n, true(n) * (1 + rng.uniform(-0.05, 0.05)), members=128)
+    costs.observe(299, true(299) * 1.04, members=128)
+    costs.observe(300, true(300) * 0.96, members=128)  # the largest size timed cheaper than the one before
+    band = costs.shared(128)
+    values = [band.seconds(n) for n in range(100, 700)]
+    assert all(later >= earlier for earlier, later in zip(values, values[1:]))
+    assert all(abs(band.seconds(n) / true(n) - 1) < 0.03 for n in range(140, 300, 10))
+    slope = (band.seconds(700) - band.seconds(400)) / 300
+    assert 0.5 * 0.089e-3 < slope < 1.5 * 0.089e-3, slope
+
+
+def test_a_band_that_only_timed_guessing_passes_prices_its_plain_pass_below_them():
+    """Passes of 128 members that all carry ten guesses each never time the members' plain pass (128
+    tokens): it is priced along the curve's slope, not as dear as the smallest pass timed (which would
+    tell every member's ledger that passes ten times as long cost it nothing)."""
+    true = lambda n: (41 + 0.089 * (n - 128)) / 1000
+    costs = PassCosts()
+    for n in range(1300, 1600, 7):
+        costs.observe(n, true(n), members=128)
+    assert costs.shared(128).seconds(128) == pytest.approx(true(128), rel=0.02)
+    assert costs.shared(128).seconds(1) >= true(1300) / 1300  # never below cost in proportion to tokens
+
+
 def test_guesses_fill_what_the_pass_budget_leaves(llamacpp_target):
     """A stream's next pass must feed its last token; its guesses take only what the pass's token
     budget leaves (the queue fits streams by their last token, never leaving one out for guesses)."""
@@ -222,4 +254,4 @@ def test_a_slow_device_is_calibrated_in_one_timed_run_of_each_size():
     backend, costs = ScriptedBackend(lambda n, run: 0.5), PassCosts()
     costs.calibrate(backend)
     assert {n: backend.runs[n] for n in (1, 2, 4, 8, 16)} == {1: 2, 2: 2, 4: 2, 8: 2, 16: 2}, backend.runs
-    assert [n for n, _ in costs.points()] == [1, 2, 4, 8, 16]
+    assert costs.sizes() == [1, 2, 4, 8, 16]
