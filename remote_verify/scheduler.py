@@ -158,6 +158,7 @@ class _Item:
     # stream(): called on the device thread with the item's result: the stream's next work (None: it ends)
     follow: Callable[[Any], Any] | None = None
     deliver: Callable[[Any, BaseException | None, float], None] | None = None  # stream(): on the event loop
+    answered: bool = False  # its result or error has been handed back (a piece put back in line is not)
 
     def gone(self) -> bool:
         """Whether nobody waits for it any more (a run() whose caller was cancelled)."""
@@ -477,11 +478,28 @@ class DeviceQueue:
     def _serve(self) -> None:
         lower_this_thread(self.nice)  # before the first item: the model loads here, its threads inherit it
         while (items := self._next()) is not None:
-            if len(items) == 1 and not isinstance(items[0].work, Shareable):
-                self._run_alone(items[0])
-            else:
-                self._run_shared(items)
-            del items
+            turn = list(items)
+            try:
+                if len(items) == 1 and not isinstance(items[0].work, Shareable):
+                    self._run_alone(items[0])
+                else:
+                    self._run_shared(items)
+            except Exception as exc:  # a fault of the queue's own, not of a session's work (that is caught there)
+                self._fail_turn(turn, exc)
+            del items, turn
+
+    def _fail_turn(self, turn: list[_Item], fault: Exception) -> None:
+        """A fault in the queue's own planning or bookkeeping: every item of the turn not yet answered
+        gets an error, and the queue goes on (a worker thread that died with it left the service taking
+        connections and answering none, deaf even to SIGTERM)."""
+        log.exception("the device queue failed on a turn of %d item(s) (%s: %s): they get an error, and the "
+                      "queue goes on", len(turn), type(fault).__name__, fault)
+        for item in turn:
+            if not item.answered:
+                item.rest = None
+                self._hand_back(item, None, RuntimeError(
+                    f"the service failed on this pass ({type(fault).__name__}: {fault}): try again, and "
+                    f"report it with the service's log"), time.perf_counter())
 
     # An exception caught in `_attempt` keeps that frame in its traceback, and a frame keeps its
     # caller's frame (f_back), whose locals outlive its return while the exception lives: each
@@ -540,13 +558,13 @@ class DeviceQueue:
             else:
                 forward_s = time.perf_counter() - began
                 self.busy_s += forward_s
-                self.costs.observe(so_far.tokens, forward_s, len(members))
-                self._time_pieces(members, forward_s)
+                _keep_books(self.costs.observe, so_far.tokens, forward_s, len(members))
+                _keep_books(self._time_pieces, members, forward_s)
                 for (item, planned), result in zip(members, results):
                     value, error = _attempt(planned.finish, result, forward_s)
                     if ratio is not None:  # its ledger: what it made against what the plain pass would have
-                        self.ledger.after_pass(item.session, planned.made[-1] if planned.made else planned.expected,
-                                               ratio)
+                        _keep_books(self.ledger.after_pass, item.session,
+                                    planned.made[-1] if planned.made else planned.expected, ratio)
                     self._hand_back(item, value, error, started)
         members.clear()
         del items, members, item, planned, error, results, result, value, forward_s, ratio, costs
@@ -574,7 +592,7 @@ class DeviceQueue:
             if error is None:
                 forward_s = time.perf_counter() - began
                 self.busy_s += forward_s
-                self.costs.observe(len(planned.share.tokens), forward_s)
+                _keep_books(self.costs.observe, len(planned.share.tokens), forward_s)
                 value, error = _attempt(planned.finish, results[0], forward_s)
             self._hand_back(item, value, error, started)
         del members, item, planned, error, results, value, forward_s
@@ -586,6 +604,7 @@ class DeviceQueue:
             self._put_back(item)
             return
         item.rest = None
+        item.answered = True
         if item.follow is not None and error is None:
             following, error = _attempt(item.follow, result)
             if error is None and following is not None:
@@ -622,6 +641,16 @@ def _attempt(work: Callable, *args) -> tuple[Any, BaseException | None]:
         return work(*args), None
     except BaseException as exc:  # handed to the awaiting coroutine, raised there
         return None, exc
+
+
+def _keep_books(book: Callable, *args) -> None:
+    """Record what a pass measured (its cost, its members' ledgers); a fault there is logged, and the
+    pass's results still go back to their sessions."""
+    try:
+        book(*args)
+    except Exception:
+        log.exception("the device queue could not record a pass (%s): its results go back all the same",
+                      getattr(book, "__qualname__", book))
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None, queued_s: float) -> None:

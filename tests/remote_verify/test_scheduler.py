@@ -275,6 +275,44 @@ def _sessions(backend: RecordingBackend, names: str):
     return sessions
 
 
+def test_a_fault_in_the_queues_own_books_loses_no_result_and_stops_no_service(recorder, monkeypatch):
+    """What a pass measured failing to record (its cost): its results still go back. The queue's own
+    planning failing (a member's ledger): that turn's sessions get an error that says so, and the
+    next turn is served. Either way the worker thread lives on (it died before: the service then took
+    connections and answered none)."""
+    from remote_verify.pass_costs import PassCosts
+    from remote_verify.pass_ledger import PassLedger
+
+    c = recorder.caches
+
+    def broken(*args, **kwargs):
+        raise KeyError("a bug in the books")
+
+    monkeypatch.setattr(PassCosts, "observe", broken)
+    results = run_held(DeviceQueue("books-test"), [(name, shareable(recorder, c[name], name, [10, 11]))
+                                                    for name in "ab"])
+    assert [result[0][0] for result in results] == ["a", "b"]  # served, in one pass
+    assert recorder.passes == [[("a", 2), ("b", 2)]]
+
+    monkeypatch.setattr(PassLedger, "room", broken)
+    queue = DeviceQueue("plan-test")
+
+    async def main():
+        failing = [asyncio.ensure_future(queue.run(name, shareable(recorder, c[name], name, [12]))) for name in "cd"]
+        failed = await asyncio.wait_for(asyncio.gather(*failing, return_exceptions=True), 30)
+        monkeypatch.undo()
+        after = await asyncio.wait_for(queue.run("c", shareable(recorder, c["c"], "c", [13])), 30)
+        return failed, after
+
+    try:
+        failed, after = asyncio.run(main())
+    finally:
+        queue.shutdown()
+    assert all(isinstance(result, RuntimeError) and "the service failed on this pass" in str(result)
+               and "a bug in the books" in str(result) for result in failed), failed
+    assert after[0][0] == "c"  # the same queue, the next turn
+
+
 def test_a_long_feed_runs_in_pieces_that_take_turns_and_verifies_as_one_pass(llamacpp_target):
     """A 300-token prompt queued before three short rounds of other sessions: the rounds go first
     (one shared pass: a round goes before a piece), then the prompt in pieces; its verdict is the
