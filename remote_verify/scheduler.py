@@ -466,6 +466,10 @@ class DeviceQueue:
             if items is None:
                 items = self._waiting[item.session] = deque()
                 self._turns.append(item.session)
+                # back in line mid-feed: its charge may have been forgotten while its piece ran (`_note_seen`
+                # forgets sessions quiet for ACTIVE_S that wait for nothing); without one, the next turn's
+                # sort raised in the worker thread, which died, and the service answered nobody again
+                self._charged.setdefault(item.session, self._clock)
             items.appendleft(item)
 
     @staticmethod

@@ -345,6 +345,41 @@ def test_a_long_feed_runs_in_pieces_that_take_turns_and_verifies_as_one_pass(lla
             session.close()
 
 
+def test_a_feed_whose_charge_was_forgotten_mid_piece_goes_on(llamacpp_target):
+    """A long prompt's session goes quiet to the queue while its pieces run (it waits for nothing in
+    line), and the queue forgets quiet sessions' charges: its next piece, put back in line, still gets
+    its turn (without a charge, the next turn's sort raised in the worker thread and every session
+    waited for ever: seen at 128 emulated users)."""
+    from wire.protocol import Verify
+
+    prompt = [(7 * i) % 300 + 1 for i in range(300)]
+    queue = DeviceQueue("forget-test")
+
+    class ForgettingBackend(RecordingBackend):
+        def forward_many(self, passes):
+            with queue._ready:  # as `_note_seen` does for a session quiet for ACTIVE_S and not in line
+                if "p" not in queue._waiting:
+                    queue._charged.pop("p", None)
+            return super().forward_many(passes)
+
+    backend = ForgettingBackend(llamacpp_target)
+    sessions = _sessions(backend, "pq")
+    try:
+        async def main():
+            return await asyncio.wait_for(asyncio.gather(
+                queue.run("p", sessions["p"].verify_work(Verify(seq=1, committed_len=0, append=prompt, draft=[5]))),
+                queue.run("q", sessions["q"].verify_work(Verify(seq=1, committed_len=0, append=[3, 4])))), 60)
+
+        results = asyncio.run(main())
+        pieces = [tokens for members in backend.passes for name, tokens in members if name == "p"]
+        assert len(pieces) > 1 and sum(pieces) == 300 + 1, backend.passes
+        assert results[0][0].committed_len == sessions["p"].cached_len + 1 and results[1][0] is not None
+    finally:
+        queue.shutdown()
+        for session in sessions.values():
+            session.close()
+
+
 def test_a_new_replys_short_prompt_goes_whole_and_ahead_of_a_long_prefill(llamacpp_target):
     """Beside a 300-token prompt being prefilled, another session's new reply (a 20-token prompt and
     a 2-token draft) runs whole, in the first pass; the long prompt goes in pieces after it. (Its
