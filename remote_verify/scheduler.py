@@ -206,6 +206,7 @@ class DeviceQueue:
         self.shared_items = 0  # Shareable items run, in all
         self.costs = costs if costs is not None else PassCosts()
         self.busy_s = 0.0  # the device's time in forward passes, since the start
+        self.failure: str | None = None  # why the worker stopped, when it failed (the queue is then closed)
         self._ready = threading.Condition()
         self._waiting: dict[Hashable, deque[_Item]] = {}  # per session, in arrival order
         self._turns: deque[Hashable] = deque()  # sessions with work, in the order they came (ties)
@@ -481,6 +482,28 @@ class DeviceQueue:
 
     def _serve(self) -> None:
         lower_this_thread(self.nice)  # before the first item: the model loads here, its threads inherit it
+        try:
+            self._serve_turns()
+        except Exception as fault:  # in choosing a turn: the line itself is in doubt, so the queue closes
+            self._close_on(fault)
+
+    def _close_on(self, fault: Exception) -> None:
+        """The worker failed outside any pass: the queue takes no more work, and every waiting item gets an
+        error (they would otherwise wait for ever, and the service answer no one)."""
+        log.exception("the %s queue's worker failed (%s: %s): the queue is closed, and the service must be "
+                      "restarted", self.name, type(fault).__name__, fault)
+        with self._ready:
+            self._closed = True
+            self.failure = f"{type(fault).__name__}: {fault}"
+            waiting = [item for items in self._waiting.values() for item in items]
+            self._waiting.clear()
+            self._turns.clear()
+        for item in waiting:
+            item.rest = None
+            self._hand_back(item, None, QueueClosed(f"the {self.name} queue failed ({self.failure}): reconnect "
+                                                    f"to another replica, or restart the service"), time.perf_counter())
+
+    def _serve_turns(self) -> None:
         while (items := self._next()) is not None:
             turn = list(items)
             try:

@@ -1,7 +1,7 @@
 """The verification service: a WebSocket server that runs sessions against one target.
 
 Plain HTTP on the same port: `/healthz` (200 once the target is loaded, 503 while it
-loads or drains) and `/metrics` (Prometheus; behind the bearer token when the service has
+loads or drains, or once its device queue has failed) and `/metrics` (Prometheus; behind the bearer token when the service has
 one, unless `public_metrics`). Auth and the admission limits are applied
 in `process_request`, before the upgrade. Each connection is one session; its model work
 goes through the device's queue (one worker thread, sessions in turn, their rounds sharing
@@ -271,6 +271,9 @@ class VerifyService:
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
         if path == "/healthz":
+            if self.queue.failure is not None:  # the device's worker stopped: only a restart serves again
+                return self._unavailable(connection, f"failed: the device queue stopped ({self.queue.failure}); "
+                                         f"restart the service\n")
             if self.state == "ready":
                 return connection.respond(http.HTTPStatus.OK, "ok\n")
             return self._unavailable(connection, f"{self.state}\n")
@@ -443,6 +446,9 @@ class VerifyService:
         except SessionError as exc:
             return Error(exc.code, exc.message, seq=seq, fatal=exc.fatal)
         except QueueClosed:
+            if self.queue.failure is not None:
+                return Error("internal", f"the service's device queue failed ({self.queue.failure}): reconnect to "
+                             f"another replica; this one must be restarted", seq=seq, fatal=True)
             return Error("going_away", "the service is shutting down: reconnect", seq=seq, fatal=True)
         except Exception:  # a backend failure must not take the service down
             slog.exception("verification failed")

@@ -313,6 +313,41 @@ def test_a_fault_in_the_queues_own_books_loses_no_result_and_stops_no_service(re
     assert after[0][0] == "c"  # the same queue, the next turn
 
 
+def test_a_fault_in_choosing_a_turn_closes_the_queue_and_answers_everyone_waiting(monkeypatch):
+    """The worker failing where it chooses the next turn (the line itself is in doubt): every waiting
+    session gets an error that says what failed and what to do, the queue says why it stopped
+    (the service's /healthz then answers 503), and new work is refused, instead of waiting for ever."""
+    queue = DeviceQueue("closing-test")
+    gate = threading.Event()
+
+    def broken(self, line):
+        raise KeyError("a bug in the line")
+
+    async def main():
+        held = asyncio.ensure_future(queue.run("holder", lambda: gate.wait(5)))
+        await asyncio.sleep(0.05)
+        monkeypatch.setattr(DeviceQueue, "_round_before_piece", broken)
+        waiting = [asyncio.ensure_future(queue.run(name, lambda: name)) for name in "ab"]
+        await asyncio.sleep(0.05)
+        gate.set()
+        await held
+        return await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 30)
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        queue.shutdown()
+    assert all(isinstance(result, QueueClosed) and "a bug in the line" in str(result) and "restart" in str(result)
+               for result in results), results
+    assert queue.failure is not None and "a bug in the line" in queue.failure
+
+    async def after():
+        with pytest.raises(QueueClosed):
+            await queue.run("c", lambda: 1)
+
+    asyncio.run(after())
+
+
 def test_a_long_feed_runs_in_pieces_that_take_turns_and_verifies_as_one_pass(llamacpp_target):
     """A 300-token prompt queued before three short rounds of other sessions: the rounds go first
     (one shared pass: a round goes before a piece), then the prompt in pieces; its verdict is the

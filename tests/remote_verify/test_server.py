@@ -58,6 +58,34 @@ def test_healthz_answers_over_plain_http(service):
         assert response.status == 200 and response.read() == b"ok\n"
 
 
+def test_a_failed_device_queue_answers_its_sessions_and_turns_healthz_red(own_llamacpp_target, close_draft,
+                                                                          monkeypatch):
+    """The device queue's worker failing outside any pass (a bug in choosing the next turn): the
+    session waiting gets an error at once, not silence, and /healthz answers 503 saying the service
+    must be restarted (a load balancer then sends no one there)."""
+    from remote_verify.scheduler import DeviceQueue
+
+    running = RunningService(own_llamacpp_target)
+    try:
+        client = VerifyClient(running.url, hello_for(close_draft))
+
+        def broken(self, line):
+            raise KeyError("a bug in the line")
+
+        monkeypatch.setattr(DeviceQueue, "_round_before_piece", broken)
+        with pytest.raises(VerifyError) as error:
+            client.verify(Verify(seq=1, committed_len=0, append=[318, 5], draft=[6]))
+        assert error.value.code == "internal" and "a bug in the line" in str(error.value) \
+            and "restarted" in str(error.value), error.value
+        client.close()
+        with pytest.raises(urllib.error.HTTPError) as health:
+            urllib.request.urlopen(running.url.replace("ws://", "http://") + "/healthz", timeout=5)
+        assert health.value.code == 503 and b"restart the service" in health.value.read()
+    finally:
+        monkeypatch.undo()
+        running.close()
+
+
 def test_a_missing_or_wrong_token_gets_401(own_llamacpp_target, close_draft):
     """With a token set, the upgrade needs the bearer token."""
     guarded = RunningService(own_llamacpp_target, token="s3cret")
