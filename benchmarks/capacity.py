@@ -84,6 +84,10 @@ class UserRecord:
         return sum(n for t, n in self.commits if start <= t < end)
 
 
+class SettingsError(ValueError):
+    """Flags that cannot make a meaningful run, found before anything starts."""
+
+
 @dataclass
 class WaveRecord:
     users: int
@@ -268,8 +272,15 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
     round trip and mode, the users served at that level, by a search over user counts from the
     first of `user_counts` up to its last (`on_served(rtt, mode, users)` is told each)."""
     from local_draft.draft_model import DraftModel
+    from local_draft.verify_client import PING_TIMEOUT_S
     from models.registry import file_path, get_pair
 
+    for rtt in rtts_ms:  # the clients' ping watch is not scaled: a round trip as long as it would cut every link
+        if rtt / 1000 * time_scale >= PING_TIMEOUT_S / 2:
+            raise SettingsError(f"--rtt-ms {rtt:g} at --time-scale {time_scale:g} is a round trip of "
+                             f"{rtt / 1000 * time_scale:g} s on this machine, too close to the clients' ping timeout "
+                             f"({PING_TIMEOUT_S:g} s: every link would be cut as stalled); lower --time-scale "
+                             f"below {PING_TIMEOUT_S / 2 / (rtt / 1000):g}")
     load_target_profile(target_profile)  # a wrong name fails here, before anything starts
     drafter = load_drafter_profile(drafter_profile)
     recording = Recording.load(recording_path)
@@ -308,7 +319,8 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
                 record.links_cut = cut
                 if cut:
                     record.errors.insert(0, f"{cut} links cut as stalled by the clients' ping watch: this machine "
-                                            f"could not keep up with {users} users; raise --time-scale")
+                                            f"could not keep up with {users} users; raise --time-scale (the round "
+                                            f"trip, scaled too, must stay well under the ping timeout)")
                 results.append(record)
                 if on_record is not None:
                     on_record(record)

@@ -216,8 +216,8 @@ def main() -> None:
 
         try:
             capacity.main_emulated(args)
-        except ProfileError as exc:  # a misspelt --emulate or --drafter: say which names there are
-            parser.error(str(exc))
+        except (ProfileError, capacity.SettingsError) as exc:  # a misspelt --emulate or --drafter (say which
+            parser.error(str(exc))  # names there are), or flags that cannot make a run
         return
     if args.torch_static and args.backend != "torch":
         parser.error("--torch-static is a mode of the torch backend: add --backend torch")

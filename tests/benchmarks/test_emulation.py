@@ -71,6 +71,18 @@ def test_the_load_benchmark_names_the_drafter_profiles_for_a_misspelt_one():
     assert "Traceback" not in done.stderr, done.stderr
 
 
+def test_a_round_trip_scaled_past_the_clients_ping_watch_is_refused_before_anything_starts():
+    """`--rtt-ms 100 --time-scale 30` scales the round trip to 3 s, the clients' ping timeout: every link
+    would be cut as stalled and the wave measure nothing (seen: 64 users, 0 tokens/s). A usage error
+    saying which time scale works, not a run."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.load", "--emulate", "h100x2-70b-fp8", "--users", "1",
+                           "--rtt-ms", "14,100", "--time-scale", "30"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "--rtt-ms 100 at --time-scale 30" in done.stderr and "lower --time-scale below 15" in done.stderr, \
+        done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+
+
 def test_the_shipped_recording_covers_the_default_prompt_set():
     """Every prompt of the default set has a recorded path and a guess for each of its positions."""
     recording = Recording.load(DEFAULT_RECORDING)
