@@ -30,52 +30,6 @@ def interpolate(points: list[tuple[int, float]], tokens: int) -> float | None:
     return s1 + max(0.0, (s1 - s0) / (n1 - n0)) * (tokens - n1)
 
 
-EXACT_SIZES = 16  # sizes up to this are points of their own (a stream's blocks; the calibration's)
-BINS_PER_OCTAVE = 8  # past them, sizes within about 9% of each other are pooled
-
-
-def pooled_curve(measured: Sequence[tuple[int, float, float]]) -> tuple[list[tuple[float, float]], float, float]:
-    """A smooth curve from measured (tokens, seconds, weight) sizes, sorted by tokens: the points
-    (sizes past EXACT_SIZES pooled by BINS_PER_OCTAVE into their weighted means, then pooled with
-    their neighbours wherever a larger size measured cheaper, so that the curve never falls), the
-    slope before the first point (a weighted least-squares line through the points of at most twice
-    its size) and the slope past the last (one through those of at least half its size); never
-    falling; with a single point, cost in proportion to tokens."""
-    bins: dict[int, list[float]] = {}
-    for tokens, seconds, weight in measured:
-        key = tokens if tokens <= EXACT_SIZES else \
-            EXACT_SIZES + 1 + round(BINS_PER_OCTAVE * math.log2(tokens / EXACT_SIZES))
-        pooled = bins.setdefault(key, [0.0, 0.0, 0.0])
-        pooled[0] += tokens * weight
-        pooled[1] += seconds * weight
-        pooled[2] += weight
-    blocks: list[list[float]] = []  # [tokens x weight, seconds x weight, weight], cost never falling
-    for key in sorted(bins):
-        blocks.append(list(bins[key]))
-        while len(blocks) > 1 and blocks[-1][1] / blocks[-1][2] < blocks[-2][1] / blocks[-2][2]:
-            last = blocks.pop()
-            blocks[-1] = [a + b for a, b in zip(blocks[-1], last)]
-    points = [(t / w, s / w) for t, s, w in blocks]
-    weighted = list(zip(points, [w for _, _, w in blocks]))
-    if len(points) < 2:
-        slope = points[0][1] / points[0][0] if points else 0.0
-        return points, slope, slope
-    lower = [(p, w) for p, w in weighted if p[0] <= 2 * points[0][0]]
-    upper = [(p, w) for p, w in weighted if p[0] >= points[-1][0] / 2]
-    return points, _fitted_slope(lower if len(lower) > 1 else weighted[:2]), \
-        _fitted_slope(upper if len(upper) > 1 else weighted[-2:])
-
-
-def _fitted_slope(weighted: list[tuple[tuple[float, float], float]]) -> float:
-    """The slope of the weighted least-squares line through ((tokens, seconds), weight) points, never below 0."""
-    total = sum(w for _, w in weighted)
-    mean_n = sum(p[0] * w for p, w in weighted) / total
-    mean_s = sum(p[1] * w for p, w in weighted) / total
-    spread = sum(w * (p[0] - mean_n) ** 2 for p, w in weighted)
-    slope = sum(w * (p[0] - mean_n) * (p[1] - mean_s) for p, w in weighted) / spread if spread > 0 else 0.0
-    return max(0.0, slope)
-
-
 MAX_POINTS = 64  # a measured curve has a dozen sizes; the rest of a longer one is not read
 MAX_PASS_MS = 3_600_000.0  # a pass that takes an hour is already nonsense
 
