@@ -484,6 +484,54 @@ def test_a_new_streams_long_prompt_runs_in_pieces_while_another_stream_goes_on(l
     assert made["s"] == target_alone(llamacpp_target, short, 400)
 
 
+def test_a_prompts_pieces_are_charged_by_their_cost_so_they_come_every_few_passes(llamacpp_target, monkeypatch):
+    """On a GPU-like curve (a pass of 60 tokens about twice one of 1), a 300-token prompt goes in pieces
+    of at most about 60 while three streams go on, and its pieces come every other pass or so: a piece
+    is charged its cost, not its tokens (charged 60, the session waited 54 passes for the streams to
+    feed 60 tokens each, a pass at a time, before its next piece)."""
+    from remote_verify.pass_costs import PassCosts
+    from remote_verify.server_only import stream_generation
+    from wire.protocol import Generate
+
+    costs = PassCosts()
+    for n in (1, 2, 4, 8, 16, 32, 64, 128):
+        costs.observe(n, 0.010 + 0.0002 * n)
+    monkeypatch.setattr(PassCosts, "observe", lambda self, *args, **kwargs: None)  # the curve stays as given
+    backend = RecordingBackend(llamacpp_target)
+    sessions = _sessions(backend, "abcp")
+    long_prompt = [(7 * i) % 300 + 1 for i in range(300)]
+    made: dict[str, list[int]] = {name: [] for name in "abcp"}
+    queue = DeviceQueue("charge-test", costs=costs)
+
+    async def stream(name: str, prompt: list[int], n: int) -> None:
+        request = Generate(seq=1, committed_len=0, append=prompt, max_tokens=n)
+        sessions[name].start_generation(request)
+
+        async def send(frame) -> None:
+            made[name].extend(frame.tokens)
+
+        await stream_generation(sessions[name], request, queue, send, asyncio.Event())
+
+    async def main() -> None:
+        streaming = [asyncio.ensure_future(stream(name, [5, 6, 7 + i], 300)) for i, name in enumerate("abc")]
+        while min(len(made[name]) for name in "abc") < 3:
+            await asyncio.sleep(0.001)
+        await stream("p", long_prompt, 2)
+        await asyncio.gather(*streaming)
+
+    try:
+        asyncio.run(main())
+    finally:
+        queue.shutdown()
+        for session in sessions.values():
+            session.close()
+    p_passes = [i for i, members in enumerate(backend.passes) if any(name == "p" for name, _ in members)]
+    pieces = [tokens for members in backend.passes for name, tokens in members if name == "p"]
+    assert len(pieces) >= 4 and max(pieces) <= 80, pieces  # in pieces of about 60
+    gaps = [later - earlier for earlier, later in zip(p_passes, p_passes[1:])]
+    assert max(gaps) <= 4, (p_passes, pieces)  # a piece every other pass or so, while the streams go on
+
+
 def test_a_deep_prefills_later_pieces_are_sized_by_their_own_time():
     """A prefill's piece that took four times a pass of rounds (deep in a long history, where the
     token-keyed curve underprices it) makes its next piece a quarter as long; one that took half
