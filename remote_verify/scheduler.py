@@ -4,10 +4,12 @@ Every forward pass (and every cache allocation or release) of every session goes
 the device's queue, so the model is only ever touched from one thread and the event loop
 never blocks on it.
 
-Sessions take turns by the tokens they have fed, not by their items: the next item is that
-of the waiting session charged least so far, and each run charges its session the tokens it
-fed (1 for an item that feeds none), so a session of long feeds waits behind sessions of short
-rounds in proportion. A session back from idle starts no more than CREDIT_TOKENS behind the
+Sessions take turns by the device time they have taken, not by their items: the next item is
+that of the waiting session charged least so far, and each run charges its session what a pass
+of the tokens it fed costs, in passes of one token (`_charge`: on a CPU about the tokens, on a
+GPU a prompt's piece of a hundred tokens about two; the tokens themselves before any pass is
+timed; 1 for an item that feeds none), so a session of long feeds waits behind sessions of short
+rounds in proportion to what it costs them. A session back from idle starts no more than CREDIT_TOKENS behind the
 queue's clock (the charge of the latest session served): it goes first, but cannot bank the
 time it was idle. Within a session, items run in arrival order.
 
