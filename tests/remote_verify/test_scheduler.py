@@ -438,14 +438,28 @@ def test_a_new_replys_short_prompt_goes_whole_and_ahead_of_a_long_prefill(llamac
             session.close()
 
 
+async def _stream(sessions: dict, queue: DeviceQueue, made: dict[str, list[int]], name: str, prompt: list[int],
+                  n: int) -> None:
+    """Session `name` streams `n` tokens after `prompt` through `queue`, as `--mode server` does; what it
+    makes goes to made[name]."""
+    from remote_verify.server_only import stream_generation
+    from wire.protocol import Generate
+
+    request = Generate(seq=1, committed_len=0, append=prompt, max_tokens=n)
+    sessions[name].start_generation(request)
+
+    async def send(frame) -> None:
+        made[name].extend(frame.tokens)
+
+    await stream_generation(sessions[name], request, queue, send, asyncio.Event())
+
+
 def test_a_new_streams_long_prompt_runs_in_pieces_while_another_stream_goes_on(llamacpp_target):
     """A stream (`--mode server`, and the default mode's passes) starting on a 300-token prompt
     while another session streams: its prompt goes in pieces, the other stream's passes between
     them, and its tokens are still the target's alone. (A stream's pass used to run its whole
     prompt in one turn: every other user's next token waited for a new user's prefill.)"""
-    from remote_verify.server_only import stream_generation
     from tests.local_draft.test_fallback import target_alone
-    from wire.protocol import Generate
 
     backend = RecordingBackend(llamacpp_target)
     sessions = _sessions(backend, "sp")
@@ -453,14 +467,7 @@ def test_a_new_streams_long_prompt_runs_in_pieces_while_another_stream_goes_on(l
     made: dict[str, list[int]] = {"s": [], "p": []}
     queue = DeviceQueue("test")
 
-    async def stream(name: str, prompt: list[int], n: int) -> None:
-        request = Generate(seq=1, committed_len=0, append=prompt, max_tokens=n)
-        sessions[name].start_generation(request)
-
-        async def send(frame) -> None:
-            made[name].extend(frame.tokens)
-
-        await stream_generation(sessions[name], request, queue, send, asyncio.Event())
+    stream = partial(_stream, sessions, queue, made)
 
     async def main() -> None:
         streaming = asyncio.ensure_future(stream("s", short, 400))
@@ -490,8 +497,6 @@ def test_a_prompts_pieces_are_charged_by_their_cost_so_they_come_every_few_passe
     is charged its cost, not its tokens (charged 60, the session waited 54 passes for the streams to
     feed 60 tokens each, a pass at a time, before its next piece)."""
     from remote_verify.pass_costs import PassCosts
-    from remote_verify.server_only import stream_generation
-    from wire.protocol import Generate
 
     costs = PassCosts()
     for n in (1, 2, 4, 8, 16, 32, 64, 128):
@@ -503,14 +508,7 @@ def test_a_prompts_pieces_are_charged_by_their_cost_so_they_come_every_few_passe
     made: dict[str, list[int]] = {name: [] for name in "abcp"}
     queue = DeviceQueue("charge-test", costs=costs)
 
-    async def stream(name: str, prompt: list[int], n: int) -> None:
-        request = Generate(seq=1, committed_len=0, append=prompt, max_tokens=n)
-        sessions[name].start_generation(request)
-
-        async def send(frame) -> None:
-            made[name].extend(frame.tokens)
-
-        await stream_generation(sessions[name], request, queue, send, asyncio.Event())
+    stream = partial(_stream, sessions, queue, made)
 
     async def main() -> None:
         streaming = [asyncio.ensure_future(stream(name, [5, 6, 7 + i], 300)) for i, name in enumerate("abc")]
