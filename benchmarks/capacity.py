@@ -73,6 +73,7 @@ class UserRecord:
     accepted_at: list[int] = field(default_factory=list)  # passes keeping at least i + 1 guesses
     drafting_passes: int = 0  # passes that verified a guess
     width: int = 1  # the tree's branches the controller chose last (1: a chain)
+    replies: list[tuple[int, float, int]] = field(default_factory=list)  # (reply number, wall s, tokens), finished
 
     def add_depths(self, stats) -> None:
         self.drafting_passes += stats.drafted_per_position[0] if stats.drafted_per_position else 0
@@ -119,6 +120,9 @@ class WaveRecord:
     # process, cut 143), not the emulated link; the wave's figures then measure reconnects
     links_cut: int = 0
     user_rates: list[float] = field(default_factory=list)  # each user's tokens/s, slowest first
+    # every finished reply as (user, reply number, wall s, tokens): the k-th reply of a user is the same
+    # prompt in every mode, so two modes compare on the replies both finished (`same_replies`)
+    replies: list[tuple[int, int, float, int]] = field(default_factory=list)
 
 
 def prompt_set(recording: Recording, kinds: list[str]) -> list:
@@ -163,6 +167,7 @@ def _user(index: int, mode: str, url: str, draft: EmulatedDraft, entries: list, 
             result = generator.generate(entry.prompt, max_tokens,
                                         lambda tokens, _: record.commits.append((time.perf_counter(), len(tokens))))
             stats = result.stats
+            record.replies.append((reply - 1, time.perf_counter() - began, len(result.token_ids)))
             if window[0] <= began < window[1]:  # not the first wave, every user's prompt at once
                 record.first_token_s.append(stats.first_token_s or stats.wall_s)
             record.passes += stats.verified_rounds
@@ -259,7 +264,22 @@ def summarize(records: list[UserRecord], window: tuple[float, float], busy_s: fl
         errors=[r.error for r in records if r.error] + [d for r in records for d in r.differing][:3],
         time_scale=time_scale, tokens_per_pass=sum(r.tokens for r in records) / max(passes, 1),
         nodes_per_pass=drafted / max(passes, 1), acceptance_by_depth=by_depth[:12], widths=[r.width for r in records],
-        first_tokens=len(firsts), user_rates=sorted(round(rate, 2) for rate in rates))
+        first_tokens=len(firsts), user_rates=sorted(round(rate, 2) for rate in rates),
+        replies=[(user, k, round(wall, 4), tokens) for user, r in enumerate(records) for k, wall, tokens in r.replies])
+
+
+def same_replies(a: WaveRecord, b: WaveRecord) -> tuple[float, int] | None:
+    """a's speed over b's on the replies both finished (the same prompts, the same text): their tokens
+    over their wall time in a, against the same in b; and how many replies that is (None: none in common).
+    A window's tokens/s counts whichever prompts each mode reached in it, and one user's prompts differ in
+    how well they draft (2 to 6 tokens a pass on the 70B), so a mode that got one prompt further is
+    measured on other text; this is measured on the same."""
+    walls_b = {(user, k): (wall, tokens) for user, k, wall, tokens in b.replies}
+    common = [(wall, walls_b[(user, k)][0], tokens) for user, k, wall, tokens in a.replies if (user, k) in walls_b]
+    if not common:
+        return None
+    wall_a, wall_b = sum(c[0] for c in common), sum(c[1] for c in common)
+    return (wall_b / wall_a if wall_a > 0 else 0.0), len(common)
 
 
 def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float], user_counts: list[int],
@@ -383,12 +403,15 @@ def print_records(records: list[WaveRecord]) -> None:
     for (rtt, users, mode), r in by_key.items():
         server = by_key.get((rtt, users, "server"))
         chain = by_key.get((rtt, users, "chain"))
-        if mode == "default" and chain is not None and chain.aggregate_tok_s:
-            print(f"  {rtt:g} ms, {users} users, default (trees) / chain: aggregate x{r.aggregate_tok_s / chain.aggregate_tok_s:.2f}")
+        if mode != "chain" and mode != "server" and chain is not None and chain.aggregate_tok_s:
+            same = same_replies(r, chain)
+            print(f"  {rtt:g} ms, {users} users, {mode} / chain: aggregate x{r.aggregate_tok_s / chain.aggregate_tok_s:.2f}"
+                  + (f", on the same {same[1]} replies x{same[0]:.2f}" if same else ""))
         if mode != "server" and server is not None and server.aggregate_tok_s:
             print(f"  {rtt:g} ms, {users} users, {mode} / server: aggregate x{r.aggregate_tok_s / server.aggregate_tok_s:.2f}, "
                   f"user p50 x{r.user_p50_tok_s / max(server.user_p50_tok_s, 1e-9):.2f}, users at 20 tok/s "
-                  f"{r.users_at_20_tok_s} vs {server.users_at_20_tok_s}")
+                  f"{r.users_at_20_tok_s} vs {server.users_at_20_tok_s}"
+                  + (f", on the same {same[1]} replies x{same[0]:.2f}" if (same := same_replies(r, server)) else ""))
     for r in records:
         for error in r.errors:
             print(f"  {r.users} {r.mode}: {error}")

@@ -44,7 +44,10 @@ CATCH_UP_PIECE = 2
 MAX_BRANCHES = 8
 BATCH_COST_WIDTHS = (1, 2, 4, 8)  # widths batch_cost measures (the stream controller picks among them)
 BATCH_COST_REPEATS = 3  # each width's cost is the least of this many decodes (a busy machine only adds time)
-BRANCH_CHOICES = 3  # candidates returned per branch: its first choice and the alternatives after it
+# candidates returned per branch: its first choice and the alternatives after it (draft_tree.py keeps
+# those above ALTERNATE_ABOVE); in prose the target's token is the default pair's drafter's fourth to
+# eighth at 8% of positions, where it is none of the first three at 15 to 19%
+BRANCH_CHOICES = 8
 
 
 class DraftModelError(RuntimeError):

@@ -13,7 +13,7 @@ of `width` leaves at a time). That also keeps the tree growing after the stream 
 whose leaves had been left: a tree that could not grow there waited for the stream to pass its
 end, then a round trip for a new one. A whole tree replaces the one before it at the
 service (wire/protocol.py `Draft`), which follows it through what it commits, so it is sent again
-only when it grew.
+only when it grew; its likeliest nodes first, as a pass short of room takes the first ones.
 
 As the stream commits tokens the tree is followed from its root: where every committed token
 is a child of the node before it, the subtree below becomes the tree, anchored after them; a
@@ -34,13 +34,17 @@ from wire.limits import MAX_TREE_NODES
 # 0.8, where 254 of its 277 misses on the recorded paths are), so above this a branch rarely catches
 # anything; the width caps the rest.
 BRANCH_BELOW = 0.8
-# An alternative the drafter gives less than this is not added (of those 277 misses the default
-# pair's second choice catches 159 and its third 42; a third choice under 0.05 is seldom the target's).
-ALTERNATE_ABOVE = 0.05
+# An alternative the drafter gives less than this is not added. Of the default pair's 284 misses on
+# the recorded paths the second choice catches 159 and the third 42; in prose the target's token is
+# often the drafter's fourth to eighth, at 0.02 to 0.11 (local_draft/draft_model.py BRANCH_CHOICES):
+# on the emulated 70B at 14 ms, alternatives down to 0.02 made trees 1.28x chains against 1.26x at
+# 0.05 (the same replies, one run); a node costs the pass little there, and the width caps growth.
+ALTERNATE_ABOVE = 0.02
 # A leaf grows beside the likeliest one only while its path is at least this likely against that
 # leaf's: a level of b branches costs the drafter more than one (on a GPU, 8 for 1.6x), and where the
-# drafter is sure a chain's level is the cheapest way deeper, which a stream needs as much as width.
-OPEN_RATIO = 0.1
+# drafter is sure a chain's level is the cheapest way deeper, which a stream needs as much as width
+# (the emulated 70B at 14 ms, trees of 8: 1.27x chains at 0.05, 1.30x at 0.2, 1.27x at 0.5).
+OPEN_RATIO = 0.2
 
 
 @dataclass
@@ -56,6 +60,7 @@ class DraftTree:
     sent: int = 0  # tokens[:sent] are at the service (the tree is resent whole when it grew)
     sources: list[str] = field(default_factory=list)  # "model" for every node (as a chain's record)
     _grown: set = field(default_factory=set)  # nodes (ROOT too) whose children were added
+    wanted: int = 1  # leaves likely enough to grow at the next level, before the width capped them
 
     @property
     def levels(self) -> int:
@@ -105,10 +110,22 @@ class DraftTree:
         OPEN_RATIO as likely as the first, in node order."""
         if len(self.tokens) >= MAX_TREE_NODES:
             return []
-        leaves = [node for node in range(len(self.tokens))
-                  if node not in self._grown and self.tokens[node] not in end_ids]
-        likeliest = sorted(leaves, key=lambda node: -self.chance[node])[:self.width]
-        return sorted(node for node in likeliest if self.chance[node] >= OPEN_RATIO * self.chance[likeliest[0]])
+        leaves = sorted((node for node in range(len(self.tokens))
+                         if node not in self._grown and self.tokens[node] not in end_ids),
+                        key=lambda node: -self.chance[node])
+        likely = [node for node in leaves if self.chance[node] >= OPEN_RATIO * self.chance[leaves[0]]] if leaves else []
+        self.wanted = len(likely)  # what a level costs the drafter depends on it (stream_controller.level_cost)
+        return sorted(likely[:self.width])
+
+    def likeliest_first(self) -> tuple[list[int], list[int]]:
+        """The tree as a Draft carries it: (tokens, parents) with the likeliest nodes first. A pass
+        with room for only some nodes takes the first ones (wire/draft_tree.py), so those should be
+        the ones most likely kept; parents still come first, as a child is never likelier than its
+        parent (and an equally likely one was added after it)."""
+        order = sorted(range(len(self.tokens)), key=lambda node: (-self.chance[node], node))
+        place = {node: i for i, node in enumerate(order)}
+        return ([self.tokens[node] for node in order],
+                [ROOT if self.parents[node] == ROOT else place[self.parents[node]] for node in order])
 
     def follow(self, committed: list[int]) -> tuple[int, int, int, int]:
         """Follow committed tokens down from the root. Returns (right, first, alternate, tested):

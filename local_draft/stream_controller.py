@@ -39,19 +39,27 @@ makes while a guess travels (`lead`), plus as many as are likely to be right (`s
 
 Chain or tree (`width`), where the service verifies trees (its Welcome) and the drafter can decode
 branches together: the same gain, asked for a tree of w branches (w = 1: a chain). A level of the
-tree costs the drafter g x beta(w), its measured cost of decoding w sequences one step against one
-(`batch_cost`), and the pass c(1 + w x levels); a level survives when the first choice is right
-(a) or, where it is wrong, one of the alternatives is (h(w), measured as the share of the first
-choice's misses an alternative caught, and carried to other widths as H (1 - 1/w): one
-alternative among two catches half of what many would). The widest tree is kept only where it
-beats the chain by TREE_MARGIN. A drafter whose branches cost a step each (beta(w) = w: Apple
-Metal, a CPU) finds a level w times slower, and drafts chains wherever the drafter, not the
-service, holds the stream back; a GPU drafter (beta(8) = 1.6) widens. Until the drafter's time
-for a guess is measured, chains (the model would take drafting for free, and every tree for a
-win). What the model leaves out (guesses that reach the service after the stream passed them,
-a tree's later levels the pass does not take), the rate decides, as it does for drafting at all:
-where the model picks a tree, trees and chains are each drafted for PROBE_TOKENS tokens, the
-faster is kept, and the other is tried again after SHAPE_REPROBE_TOKENS.
+tree costs the drafter g x beta(leaves), its measured cost of decoding that many sequences one step
+against one (`batch_cost`), for as many leaves as a level wanted to grow (measured: where the
+drafter is sure a wide tree grows one leaf, a chain's level; `level_cost`), at most w; and the pass
+c(1 + w x levels). A level survives when the first choice is right (a) or, where it is wrong, one
+of the alternatives is (h(w), measured as the share of the first choice's misses an alternative
+caught, and carried to other widths as H (1 - 1/w): one alternative among two catches half of what
+many would). A tree is drafted only where it beats the chain by TREE_MARGIN, and then the widest
+that does: the model counts what a level costs and what it keeps in one pass, not what a miss
+costs a stream (the passes the service runs alone until the client's next guesses arrive, a
+round trip later), which a wider tree avoids by having grown the alternative the stream took (on
+the emulated 70B at 14 ms the model preferred 4 branches where 8 made 3% more). A drafter whose
+branches cost a step each (beta(w) = w: Apple Metal, a CPU) finds a level w times slower, and drafts
+chains wherever the drafter, not the service, holds the stream back; a GPU drafter (beta(8) = 1.6)
+widens. Until the drafter's time for a guess is measured, chains (the model would take drafting for
+free, and every tree for a win).
+
+The shape is the model's, not a race of measured rates: a stream's rate follows its text (on the
+emulated 70B one user's prompts run at 1.7 to 6 tokens a pass), so chains measured on one stretch
+and trees on the next compared the texts, not the shapes. Drafting chains for 24 tokens of every
+512 to check that trees still won, and switching on those readings, made the default mode 1.12x
+chains where trees throughout made 1.24x (the same replies, one run).
 """
 
 from __future__ import annotations
@@ -86,7 +94,11 @@ TREE_MARGIN = 1.05  # a tree must promise this much more than a chain (its h(w) 
 # Before any tree was tested: the share of the first choice's misses that alternatives catch, at
 # many branches (H; two branches catch half of it). An estimate, replaced by the measured share.
 PRIOR_ALTERNATE = 0.8
-SHAPE_REPROBE_TOKENS = 512  # the shape not in use is measured again after this many tokens
+# A tree's drafter reads a frame's committed tokens before its next level: about a decode step (the
+# emulated 1.5B's passes of 5.5 ms leave it half its time; trees there made 0.80x chains until the
+# model counted it)
+TREE_REREAD_STEPS = 2.0
+MAX_WANTED = 64  # leaves counted as wanted at one level, at most (a flat distribution wants many)
 
 
 class Decayed(DecayedMean):
@@ -120,10 +132,8 @@ class StreamController:
         self._points: list[tuple[int, float]] = []
         self._slowdown = {True: Decayed(), False: Decayed()}  # a pass's time over the curve's, drafting or not
         self._since_switch = 0  # tokens committed since the decision last changed
-        self._shape_s = {False: Decayed(), True: Decayed()}  # seconds per token drafting chains, trees
-        self._shape_frames = {False: 0, True: 0}
-        self._shape_tokens = 0  # tokens committed since the shape last changed
         self._alternate = Decayed(PRIOR_ALTERNATE * PRIOR_WEIGHT, PRIOR_WEIGHT)  # h(w) / (1 - 1/w)
+        self._wanted = Decayed()  # leaves a tree's level would grow if its width allowed them all
 
     # ---- what is measured -------------------------------------------------------------
 
@@ -143,6 +153,21 @@ class StreamController:
             self._acceptance.add(1.0 if i < first_right else 0.0)
         for i in range(tested - first_right):  # each miss of the first choice: caught by an alternative or not
             self._alternate.add((1.0 if i < alternate_right else 0.0) / (1 - 1 / max(width, 2)))
+
+    def observe_level(self, wanted: int) -> None:
+        """A tree's level was grown where `wanted` leaves were likely enough to grow (before the width
+        capped them): a wide tree's level decodes only that many, one where the drafter is sure."""
+        self._wanted.add(float(min(max(wanted, 1), MAX_WANTED)))
+
+    def level_cost(self, width: int) -> float:
+        """The drafter's time for a level of a tree of `width`, over one guess's: its batch cost of as
+        many leaves as a level wanted (measured; `width` until a tree was grown), at most `width`."""
+        if width <= 1:
+            return 1.0
+        wanted = self._wanted.value
+        leaves = float(width) if wanted is None else min(float(width), wanted)
+        points = sorted([(1, 1.0)] + [(w, x) for w, x in self.batch_cost.items() if w > 1])
+        return max(1.0, interpolate(points, leaves)) if len(points) > 1 else leaves
 
     def alternate_share(self, width: int) -> float:
         """h(width): the share of the first choice's misses that one of `width` branches catches."""
@@ -165,11 +190,6 @@ class StreamController:
             self._slowdown[drafting].add(forward_s / expected)
         self._token_s[drafting].add(interval_s / tokens, tokens)
         self._frames[drafting] += 1
-        if drafting:
-            tree = self.width > 1
-            self._shape_s[tree].add(interval_s / tokens, tokens)
-            self._shape_frames[tree] += 1
-            self._shape_tokens += tokens
         self._since_switch += tokens
         self._decide()
 
@@ -215,55 +235,37 @@ class StreamController:
         if step is None:
             return math.inf
         guess_s = self._guess_s.value
-        level_s = guess_s * self.batch_cost.get(width, width) if guess_s else None  # the drafter's time a level
+        level_s = guess_s * self.level_cost(width) if guess_s else None  # the drafter's time a level
         survive = a + (1 - a) * self.alternate_share(width)  # a level has the target's token
         best = 1.0
         for b in range(1, self.longest_block() + 1):
             cost = self.seconds(1 + b * width) * self.interference
             if cost <= 0:  # a curve that says a pass costs nothing says nothing a gain can be read from
                 return math.inf
-            found = b if not level_s else min(b, cost / level_s)  # levels the drafter can have ready
+            # levels the drafter can have ready in a pass; a tree's drafter first reads the tokens the
+            # pass committed (a decode step: the real drafter's branches re-root, the emulated one's
+            # cache is its history), which a chain that guessed them has read already
+            drafting_s = cost - (guess_s * TREE_REREAD_STEPS if width > 1 and guess_s else 0.0)
+            found = b if not level_s else min(b, max(0.0, drafting_s) / level_s)
             best = max(best, (sum(survive ** i for i in range(int(found) + 1))
                               + (found % 1) * survive ** (int(found) + 1)) * step / cost)
         return best
 
     def choose_width(self) -> int:
-        """The tree's branches for the next guesses (1: a chain): the model's best width where it
-        beats the chain by TREE_MARGIN, kept only while trees measure faster than chains."""
-        if self.pinned_width is not None:  # a benchmark compares shapes: no model, no measurement
+        """The tree's branches for the next guesses (1: a chain): the model's (`modelled_width`)."""
+        if self.pinned_width is not None:  # a benchmark compares shapes
             self.width = self.pinned_width if self.trees else 1
-            return self.width
-        modelled = self.modelled_width()
-        tree = modelled > 1
-        if tree and self._shape_tokens >= PROBE_TOKENS:  # the shape in use has run its course
-            rates = {shape: self._shape_rate(shape) for shape in (False, True)}
-            current = self.width > 1
-            if rates[True] is None or rates[False] is None:
-                tree = rates[True] is None  # measure what is not measured yet: trees first
-            elif self._shape_tokens >= SHAPE_REPROBE_TOKENS and rates[current] >= rates[not current]:
-                tree = not current  # the other shape's rate is old: measure it again
-            else:
-                tree = rates[True] >= rates[False] * MARGIN
-            if tree != current:
-                self._shape_tokens = 0
-                self._shape_s[tree], self._shape_frames[tree] = Decayed(), 0  # a fresh measurement
-        elif tree and self.width == 1 and self._shape_rate(True) is not None:
-            tree = False  # a chain's probe runs its course
-        self.width = modelled if tree else 1
+        else:
+            self.width = self.modelled_width()
         return self.width
 
     def modelled_width(self) -> int:
-        """The width the costs favour (1: a chain; a tree only by TREE_MARGIN, and only once the
-        drafter's guess time is measured)."""
+        """The widest tree that beats the chain by TREE_MARGIN in the model (1: none does, or the
+        drafter's guess time is not measured yet)."""
         if self._guess_s.value is None:
             return 1
         chain = self.gain(1)
-        best = max(self.widths(), key=lambda w: (self.gain(w), -w))
-        return best if best > 1 and self.gain(best) >= chain * TREE_MARGIN else 1
-
-    def _shape_rate(self, tree: bool) -> float | None:
-        per_token = self._shape_s[tree].value
-        return None if per_token is None or self._shape_frames[tree] < MIN_FRAMES else 1.0 / per_token
+        return max((w for w in self.widths() if w > 1 and self.gain(w) >= chain * TREE_MARGIN), default=1)
 
     def longest_block(self) -> int:
         return MAX_SPAN if self.max_block is None else max(1, min(self.max_block, MAX_SPAN))

@@ -508,6 +508,7 @@ class StreamSpeculator:
         except DraftModelError:  # the drafter's context is full: the stream goes on without guesses
             return False
         added = tree.grow(candidates, self.end_ids)
+        self.controller.observe_level(tree.wanted)
         spent = time.perf_counter() - began
         self.controller.observe_guess_time(spent / self.controller.batch_cost.get(branches, branches))
         self.stats.draft_s += spent
@@ -516,8 +517,9 @@ class StreamSpeculator:
 
     def _send(self, client: VerifyClient, seq: int, chain: GuessChain | DraftTree) -> None:
         if isinstance(chain, DraftTree):  # a tree goes whole: it replaces the one the service holds
-            client.send_draft(Draft(seq=seq, chain=chain.number, start=chain.start, tokens=list(chain.tokens),
-                                    source="model", parents=list(chain.parents)))
+            tokens, parents = chain.likeliest_first()
+            client.send_draft(Draft(seq=seq, chain=chain.number, start=chain.start, tokens=tokens, source="model",
+                                    parents=parents))
             chain.sent = len(chain.tokens)
             return
         unsent = chain.tokens[chain.sent:]

@@ -244,3 +244,30 @@ def test_the_replay_reads_a_prompt_in_pieces(tiny, tiny_recording):
     stranger = [t for t in range(replay.vocab_size) if all(e.prompt[0] != t for e in recording.entries)][:3]
     with pytest.raises(ReplayError):
         replay.forward_many([Pass(replay.new_cache(), stranger, 1, argmax_only=True)])
+
+
+def test_two_modes_compare_on_the_replies_both_finished():
+    """`same_replies`: a mode's speed over another's on the (user, reply) pairs both finished, the
+    same prompts, whatever else each window held (a window that reached one prompt further, a slow
+    one, would otherwise count against the faster mode)."""
+    from benchmarks.capacity import WaveRecord, same_replies
+
+    def wave(mode, replies):
+        return WaveRecord(users=1, mode=mode, rtt_ms=14, emulated="x", aggregate_tok_s=0, user_p50_tok_s=0,
+                          user_p99_tok_s=0, user_min_tok_s=0, first_token_p50_s=0, first_token_p99_s=0,
+                          users_at_20_tok_s=0, passes_per_token=0, acceptance=0, utilization=0, differing=0,
+                          errors=[], time_scale=1, replies=replies)
+
+    chain = wave("chain", [(0, 0, 1.0, 96), (0, 1, 2.0, 96), (0, 2, 3.0, 96)])
+    tree = wave("trees8", [(0, 0, 0.5, 96), (0, 1, 1.5, 96), (0, 2, 1.0, 96), (0, 3, 9.0, 96)])
+    assert same_replies(tree, chain) == (pytest.approx(6.0 / 3.0), 3)  # reply 3 is the tree's alone
+    assert same_replies(chain, tree) == (pytest.approx(3.0 / 6.0), 3)
+    assert same_replies(tree, wave("server", [])) is None
+
+
+def test_a_recorded_guess_stays_first_where_a_new_evaluation_breaks_a_near_tie_the_other_way():
+    from benchmarks.emulation.record import guess_first
+
+    assert guess_first([[5, 0.36], [7, 0.35], [9, 0.1]], 7) == [[7, 0.35], [5, 0.36], [9, 0.1]]
+    assert guess_first([[5, 0.5], [7, 0.3]], 5) == [[5, 0.5], [7, 0.3]]
+    assert guess_first([[5, 0.5], [7, 0.3]], 8) == [[8, 0.5], [5, 0.5]]  # not among them: first all the same

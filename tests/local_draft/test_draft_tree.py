@@ -53,3 +53,21 @@ def test_the_subtree_the_stream_took_keeps_growing_from_its_likeliest_leaves():
     assert below is not None and below.number == 3 and below.start == 2
     assert tree.open == [len(tree.tokens) - 2]  # the beam had left the second branch
     assert [below.path(node) for node in below.open] == [(22, 32, 42)]
+
+
+def test_a_tree_goes_out_likeliest_first_so_a_short_pass_keeps_the_likeliest_nodes():
+    """A Draft carries the tree with its likeliest nodes first (parents still before children): a pass
+    with room for k nodes takes the first k (wire/draft_tree.py), which are then the k likeliest, and
+    the same tree (same paths) as the one grown."""
+    tree = DraftTree(number=1, start=0, width=4)
+    _grow(tree, lambda path: [(1, 0.5), (2, 0.3), (3, 0.2)])  # three first branches
+    _grow(tree, lambda path: [(path[-1] + 10, 0.95)])  # each grows a sure child
+    tokens, parents = tree.likeliest_first()
+    assert tree_problem(parents, len(tokens)) == ""
+    chances = sorted(tree.chance, reverse=True)
+    order = [tree.chance[tree.tokens.index(token)] for token in tokens]
+    assert order == chances  # 0.5, 0.475, 0.3, 0.285, 0.2, 0.19
+    assert tokens[:2] == [1, 11] and parents[:2] == [ROOT, 0]  # a pass of two nodes: the likeliest path
+    grown = sorted(tree.path(node) for node in range(len(tree.tokens)))
+    resent = DraftTree(number=2, start=0, width=4, tokens=tokens, parents=parents)
+    assert sorted(resent.path(node) for node in range(len(tokens))) == grown

@@ -116,21 +116,27 @@ def test_branches_that_cost_a_pass_each_draft_chains():
     assert cuda.choose_width() == 1
 
 
-def test_trees_measured_slower_than_chains_give_way_to_chains():
-    """Where the costs favour a tree but the stream runs faster with chains, chains are kept."""
-    from local_draft.stream_controller import PROBE_TOKENS
+def test_the_widest_tree_that_pays_is_drafted_and_a_sure_drafter_makes_it_cheap():
+    """Among the widths whose trees beat the chain by TREE_MARGIN in the model, the widest is drafted
+    (the model leaves out the round trip a miss costs, which a wider tree saves); a level is priced by
+    the leaves it wanted to grow, so where the drafter was sure (one leaf a level) a wide tree's level
+    costs a chain's, and where it wanted all eight, eight branches' batch."""
+    from local_draft.stream_controller import TREE_MARGIN
 
-    controller = StreamController(curve=SEVENTY_B, colocated=False, trees=True, batch_cost=dict(CUDA_BATCH),
-                                  drafting=True, max_block=None)
+    controller = StreamController(curve=SEVENTY_B, colocated=False, trees=True, batch_cost=dict(CUDA_BATCH))
     controller.observe_guess_time(0.0026)
-    assert controller.choose_width() > 1  # trees first
-    while controller.width > 1:
-        controller.observe_frame(2, 0.020, True)  # trees: 100 tokens/s
-        controller.choose_width()
-    for _ in range(PROBE_TOKENS):
-        controller.observe_frame(2, 0.010, True)  # chains: 200 tokens/s
-        controller.choose_width()
-    assert controller.width == 1
+    chain = controller.gain(1)
+    paying = [w for w in (2, 4, 8) if controller.gain(w) >= chain * TREE_MARGIN]
+    assert paying and controller.choose_width() == max(paying)
+    for _ in range(50):
+        controller.observe_level(1)
+    assert controller.level_cost(8) == pytest.approx(1.0)
+    sure = controller.gain(8)
+    for _ in range(50):
+        controller.observe_level(8)
+    assert controller.level_cost(8) == pytest.approx(CUDA_BATCH[8], rel=0.01)
+    assert controller.gain(8) < sure  # eight branches a level: the tree reaches less deep in a pass
+    assert controller.level_cost(2) == pytest.approx(CUDA_BATCH[2], rel=0.01)  # never more than its width
 
 
 def test_a_pinned_width_is_kept_where_trees_are_verified_and_chains_elsewhere():
