@@ -454,6 +454,20 @@ async def _stream(sessions: dict, queue: DeviceQueue, made: dict[str, list[int]]
     await stream_generation(sessions[name], request, queue, send, asyncio.Event())
 
 
+def _run_and_find_pieces(main, queue, sessions, backend, name: str) -> tuple[list[int], list[int]]:
+    """Run `main` on the queue, then close it and the sessions; returns the passes session `name` was
+    in and the tokens it fed in each (a prompt's pieces, then a token a pass)."""
+    try:
+        asyncio.run(main())
+    finally:
+        queue.shutdown()
+        for session in sessions.values():
+            session.close()
+    passes = [i for i, members in enumerate(backend.passes) if any(member == name for member, _ in members)]
+    pieces = [tokens for members in backend.passes for member, tokens in members if member == name]
+    return passes, pieces
+
+
 def test_a_new_streams_long_prompt_runs_in_pieces_while_another_stream_goes_on(llamacpp_target):
     """A stream (`--mode server`, and the default mode's passes) starting on a 300-token prompt
     while another session streams: its prompt goes in pieces, the other stream's passes between
@@ -476,14 +490,7 @@ def test_a_new_streams_long_prompt_runs_in_pieces_while_another_stream_goes_on(l
         await stream("p", long_prompt, 3)
         await streaming
 
-    try:
-        asyncio.run(main())
-    finally:
-        queue.shutdown()
-        for session in sessions.values():
-            session.close()
-    p_passes = [i for i, members in enumerate(backend.passes) if any(name == "p" for name, _ in members)]
-    pieces = [tokens for members in backend.passes for name, tokens in members if name == "p"]
+    p_passes, pieces = _run_and_find_pieces(main, queue, sessions, backend, "p")
     assert max(pieces) < 299 and sum(pieces) == 300 + 2, pieces  # in pieces; then two more tokens, one a pass
     between = [i for i in range(p_passes[0], p_passes[-1]) if any(name == "s" for name, _ in backend.passes[i])]
     assert len(between) >= len(pieces) // 2, backend.passes  # the other stream kept making tokens meanwhile
@@ -517,14 +524,7 @@ def test_a_prompts_pieces_are_charged_by_their_cost_so_they_come_every_few_passe
         await stream("p", long_prompt, 2)
         await asyncio.gather(*streaming)
 
-    try:
-        asyncio.run(main())
-    finally:
-        queue.shutdown()
-        for session in sessions.values():
-            session.close()
-    p_passes = [i for i, members in enumerate(backend.passes) if any(name == "p" for name, _ in members)]
-    pieces = [tokens for members in backend.passes for name, tokens in members if name == "p"]
+    p_passes, pieces = _run_and_find_pieces(main, queue, sessions, backend, "p")
     assert len(pieces) >= 4 and max(pieces) <= 80, pieces  # in pieces of about 60
     gaps = [later - earlier for earlier, later in zip(p_passes, p_passes[1:])]
     assert max(gaps) <= 4, (p_passes, pieces)  # a piece every other pass or so, while the streams go on
