@@ -45,14 +45,23 @@ class Streamed:
 async def stream_generation(session: Session, request: Generate, queue: DeviceQueue, send: Send,
                             cancelled: asyncio.Event, why_cancelled: Callable[[], str] = lambda: "cancelled",
                             on_step: Callable[[StreamStep, float], None] | None = None,
-                            drafts: StreamDrafts | None = None, costs: PassCosts | None = None) -> None:
-    """Serve one Generate (already accepted by `session.start_generation`).
+                            drafts: StreamDrafts | None = None, costs: PassCosts | None = None,
+                            started: asyncio.Future | None = None) -> None:
+    """Serve one Generate.
 
     The passes run back to back on the device (`DeviceQueue.stream`: each pass's successor is
     queued as it finishes, on the device thread); this coroutine sends their frames as they
     come. `why_cancelled()` names the stop once `cancelled` is set: "cancelled" (the client's
     Cancel) or "going_away" (the service is shutting down: the client continues elsewhere).
     `drafts`: the client's guesses as they arrive (None: the target alone).
+
+    With `started`, the Generate is accepted here, as the stream's first item
+    (`session.start_generation`, bookkeeping: it goes before the passes in line), and `started`
+    gets its outcome: None, or the SessionError that refused it (the stream then ends, with no
+    frame). The first pass is queued on the device thread as the start finishes: accepted by a
+    turn of its own and its pass queued from the event loop, a new reply's first token waited for
+    the pass formed meanwhile too (the emulated 1.5B at 64 users: the loop, busy with every
+    stream's frames, let one or two such passes go by). Without it, the caller accepted it.
     """
     stop_ids = frozenset(request.stop_ids)  # looked up once per token: a set, whatever the client repeated
     made = 0
@@ -96,16 +105,34 @@ async def stream_generation(session: Session, request: Generate, queue: DeviceQu
         outer.split = split
         return outer
 
-    reason = ends(None)
-    if reason:
+    nothing_to_make = ""  # why the stream ended at its start, as its first pass would have been queued
+
+    def follow(streamed: Streamed | None) -> Shareable | None:
+        """The pass after `streamed` (None: the start just accepted), or None where the stream ends."""
+        nonlocal nothing_to_make
+        if streamed is None:
+            nothing_to_make = ends(None)
+            return None if nothing_to_make else next_pass()
+        return None if streamed.reason else next_pass()
+
+    if started is None and ends(None):
         await send(Generated(seq=request.seq, tokens=[], committed_len=len(session.committed), done=True,
-                             stop_reason=reason))
+                             stop_reason=ends(None)))
         return
     results: asyncio.Queue = asyncio.Queue()
-    queue.stream(session.id, next_pass(), lambda streamed: None if streamed.reason else next_pass(),
-                 lambda result, error, queued_s: results.put_nowait((result, error, queued_s)))
+    first = Bookkeeping(lambda: session.start_generation(request)) if started is not None else next_pass()
+    queue.stream(session.id, first, follow, lambda result, error, queued_s: results.put_nowait((result, error, queued_s)))
     while True:
         streamed, error, queued_s = await results.get()
+        if started is not None and not started.done() and (error is None or isinstance(error, SessionError)):
+            started.set_result(error)  # the start's outcome (any other error is the caller's: raised below)
+            if error is not None:
+                return
+            if nothing_to_make:  # max_tokens 0, a full context: no pass was queued
+                await send(Generated(seq=request.seq, tokens=[], committed_len=len(session.committed),
+                                     done=True, stop_reason=nothing_to_make))
+                return
+            continue
         if error is not None:
             raise error
         step = streamed.step
@@ -151,15 +178,15 @@ class ServerOnlyStream:
             return self._take_draft(message)
         if self.busy:
             return Error("busy", "a server-only generation is already streaming: cancel it first", seq=message.seq)
-        try:
-            await self.queue.run(self.session.id, Bookkeeping(lambda: self.session.start_generation(message)))
-        except SessionError as exc:
-            return Error(exc.code, exc.message, seq=message.seq, fatal=exc.fatal)
         self._seq = message.seq
         self.drafts = StreamDrafts(message.seq)
         self._cancelled = asyncio.Event()
         self._why = "cancelled"
-        self._task = asyncio.create_task(self._serve(message, self._cancelled))
+        started = asyncio.get_running_loop().create_future()
+        self._task = asyncio.create_task(self._serve(message, self._cancelled, started))
+        refused = await asyncio.shield(started)  # the start runs as the stream's first item (stream_generation)
+        if refused is not None:
+            return Error(refused.code, refused.message, seq=message.seq, fatal=refused.fatal)
         return None
 
     async def finish(self, reason: str) -> None:
@@ -194,7 +221,7 @@ class ServerOnlyStream:
         if self._task is not None:
             self._task.cancel()
 
-    async def _serve(self, request: Generate, cancelled: asyncio.Event) -> None:
+    async def _serve(self, request: Generate, cancelled: asyncio.Event, started: asyncio.Future) -> None:
         async def send(frame: Generated) -> None:
             await self.ws.send(encode(frame))
             self.on_send()
@@ -202,11 +229,17 @@ class ServerOnlyStream:
         on_step = self.metrics.record_stream_pass if self.metrics is not None else None
         try:
             await stream_generation(self.session, request, self.queue, send, cancelled, lambda: self._why, on_step,
-                                    self.drafts, self.costs)
-        except (ConnectionClosed, QueueClosed):  # the client left, or the service is stopping
+                                    self.drafts, self.costs, started)
+        except ConnectionClosed:  # the client left
             pass
+        except QueueClosed as closed:  # the service is stopping, or its queue failed
+            if not started.done():  # before the start: `handle` raises it, as a refused start would be
+                started.set_exception(closed)
         except Exception:  # a backend failure ends this stream, not the service
             log.exception("session %s: server-only generation failed", self.session.id)
             with contextlib.suppress(ConnectionClosed):
                 await self.ws.send(encode(Error("internal", "the service failed while generating; reconnect "
                                                             "and Sync", seq=request.seq, fatal=True)))
+        finally:
+            if not started.done():  # ended before its start was answered (a closed queue, a lost link): no Error
+                started.set_result(None)

@@ -498,6 +498,51 @@ def test_a_new_streams_long_prompt_runs_in_pieces_while_another_stream_goes_on(l
     assert made["s"] == target_alone(llamacpp_target, short, 400)
 
 
+def test_a_new_replys_first_pass_is_the_pass_right_after_its_start(llamacpp_target):
+    """A reply accepted on the device (`stream_generation` with `started`: the start is the stream's
+    first item) has its first pass queued as the start finishes, on the device thread: no pass of the
+    other streams runs between its start and its first pass. (Accepted in a turn of its own and its
+    stream queued from the event loop, it waited for the pass the worker formed meanwhile: a pass of
+    every running stream, a pass's time more before the first token, more when the loop was busy.)"""
+    from remote_verify.server_only import stream_generation
+    from wire.protocol import Generate
+
+    backend = RecordingBackend(llamacpp_target)
+    sessions = _sessions(backend, "sn")
+    made: dict[str, list[int]] = {"s": [], "n": []}
+    queue = DeviceQueue("test")
+    starts_at: list[int] = []  # the passes run when each start of "n" ran (on the device thread)
+    start = sessions["n"].start_generation
+    sessions["n"].start_generation = lambda request: (starts_at.append(len(backend.passes)), start(request))[1]
+
+    async def send(frame) -> None:
+        made["n"].extend(frame.tokens)
+
+    async def main() -> None:
+        streaming = asyncio.ensure_future(_stream(sessions, queue, made, "s", [5, 6, 7, 8, 9], 400))
+        for _ in range(3):  # three replies, each started while the other stream runs
+            while len(made["s"]) < 3 + 20 * len(starts_at):
+                await asyncio.sleep(0.001)
+            started = asyncio.get_running_loop().create_future()
+            request = Generate(seq=len(starts_at) + 1, committed_len=len(sessions["n"].committed), append=[3, 4, 5],
+                               max_tokens=2)
+            await stream_generation(sessions["n"], request,
+                                    queue, send, asyncio.Event(), started=started)
+            assert started.result() is None
+        await streaming
+
+    try:
+        asyncio.run(main())
+    finally:
+        queue.shutdown()
+        for session in sessions.values():
+            session.close()
+    firsts = [next(i for i in range(at, len(backend.passes)) if any(name == "n" for name, _ in backend.passes[i]))
+              for at in starts_at]
+    assert len(starts_at) == 3 and firsts == starts_at, (starts_at, firsts, backend.passes)
+    assert len(made["n"]) == 6
+
+
 def test_a_prompts_pieces_are_charged_by_their_cost_so_they_come_every_few_passes(llamacpp_target, monkeypatch):
     """On a GPU-like curve (a pass of 60 tokens about twice one of 1), a 300-token prompt goes in pieces
     of at most about 60 while three streams go on, and its pieces come every other pass or so: a piece
