@@ -42,6 +42,9 @@ CATCH_UP_PIECE = 2
 # Sequences a level of a tree decodes together, besides the text's own (sequence 0): llama.cpp
 # PR #8215 measures 8 branches for 1.6x one on an RTX 4090; wider levels add little there.
 MAX_BRANCHES = 8
+# A re-rooted tree's level decodes at most this many committed tokens the branches had not decoded
+# (the stream passed their open leaves); more are read by a catch-up (the text moved far: a Sync).
+MAX_FRESH_TOKENS = 64
 BATCH_COST_WIDTHS = (1, 2, 4, 8)  # widths batch_cost measures (the stream controller picks among them)
 BATCH_COST_REPEATS = 3  # each width's cost is the least of this many decodes (a busy machine only adds time)
 # candidates returned per branch: its first choice and the alternatives after it (draft_tree.py keeps
@@ -232,7 +235,9 @@ class DraftModel:
         old = llama._ctx
         llama._ctx = _internals.LlamaContext(model=llama._model, params=params, verbose=False)
         old.close()
-        self._batch = llama_cpp.llama_batch_init(llama.n_batch, 0, 1)
+        # a token may belong to every branch at once: the text's newest token, decoded in the level's
+        # batch for the text and for each of its new children (`_reroot`)
+        self._batch = llama_cpp.llama_batch_init(llama.n_batch, 0, MAX_BRANCHES + 1)
 
     def close(self) -> None:
         """Free the batch of branches (the model and context go with the Llama object)."""
@@ -252,20 +257,67 @@ class DraftModel:
         together, one batch of sequences; a branch whose parent is cached decodes one token."""
         longest = max((len(path) for path in paths), default=0)
         self._check_room(context, longest + 1)
+        fresh: list[int] = []  # the text's last tokens, decoded in the level's batch (a re-rooted tree)
         if self._branch_base != list(context) or self._llama.n_tokens != len(context):
-            self._catch_up(context)
-            self._branch_base = list(context)
-            self._root_logits = self._last_logits()
-        rows = self._decode_branches(len(context), [tuple(path) for path in paths])
+            fresh = self._reroot(context)
+            if fresh is None:
+                fresh = []
+                self._catch_up(context)
+                self._branch_base = list(context)
+                self._root_logits = self._last_logits()
+        try:
+            rows = self._decode_branches(len(context), [tuple(path) for path in paths], fresh)
+        except DraftModelError:
+            if fresh:  # the text's cells end before them: the next catch-up reads them
+                self.rollback(len(context) - len(fresh))
+                self._drop_branches()
+            raise
         out = []
         for path, row in zip(paths, rows):
             logits = self._root_logits if row is None else self._logits_at(row)
             out.append(_candidates(logits, params, clocks_for(len(context) + len(path))))
         return out
 
-    def _decode_branches(self, base: int, paths: list[tuple[int, ...]]) -> list[int | None]:
+    def _reroot(self, context: Sequence[int]) -> list[int] | None:
+        """Move the branches' root down to `context`, the text they continued and the tokens the stream
+        committed after it; returns the committed tokens the next level's batch must decode for the text
+        (None: it cannot, and a catch-up reads the text, every branch then decoded whole again).
+
+        The text (sequence 0) takes the cells of the longest committed prefix some branch decoded; the
+        rest (at least the newest token, whose logits the text's guesses need) goes first in the level's
+        batch, for the text and for each of its new branches at once; the branches below the committed
+        tokens keep their sequences, re-keyed, and the others are freed. A frame used to cost a
+        catch-up's decode, then the whole subtree again in the level's batch."""
+        base = self._branch_base
+        if base is None or len(context) <= len(base) or self._llama.n_tokens != len(base) \
+                or list(context[:len(base)]) != base:
+            return None
+        committed = tuple(int(token) for token in context[len(base):])
+        k = len(committed)
+        reach, source = 0, 0  # the longest committed prefix (but the newest) a branch holds, and its sequence
+        for path, seq in self._branch_seq.items():
+            common = next((i for i, (a, b) in enumerate(zip(path, committed[:-1])) if a != b), min(len(path), k - 1))
+            if common > reach:
+                reach, source = common, seq
+        if k - reach > MAX_FRESH_TOKENS:
+            return None
+        kept = {path[k:]: seq for path, seq in self._branch_seq.items() if len(path) > k and path[:k] == committed}
+        mem = llama_cpp.llama_get_memory(self._llama.ctx)
+        if reach:
+            llama_cpp.llama_memory_seq_cp(mem, source, 0, len(base), len(base) + reach)
+        for seq in set(self._branch_seq.values()) - set(kept.values()):
+            llama_cpp.llama_memory_seq_rm(mem, seq, -1, -1)
+        self._branch_seq = kept
+        self._llama.input_ids[len(base):len(context)] = committed
+        self._llama.n_tokens = len(context)  # the rest is decoded next (branch_guesses undoes this if it fails)
+        self._branch_base, self._root_logits = list(context), None
+        return list(committed[reach:])
+
+    def _decode_branches(self, base: int, paths: list[tuple[int, ...]], fresh: Sequence[int] = ()) -> list[int | None]:
         """Decode what each branch's sequence lacks, all in one batch; returns each path's row of
-        logits (None: the empty path, whose logits are the text's own)."""
+        logits (None: the empty path, whose logits are the text's own). `fresh`: the text's last tokens
+        (up to base - 1), not decoded yet: they go first in the batch, for the text and for each branch
+        that starts at the text, and the last one's logits become the text's (`_reroot`)."""
         mem = llama_cpp.llama_get_memory(self._llama.ctx)
         wanted = {path[:i] for path in paths for i in range(len(path))}
         for path in [p for p in self._branch_seq if p not in wanted]:  # branches not grown now: free them
@@ -273,6 +325,10 @@ class DraftModel:
         free = sorted(set(range(1, MAX_BRANCHES + 1)) - set(self._branch_seq.values()))
         batch, rows, taken = self._batch, [], {}  # taken: a parent whose sequence its first child took over
         batch.n_tokens = 0
+        for i, token in enumerate(fresh):  # their sequences are filled in as the text's new branches get theirs
+            batch.token[i], batch.pos[i], batch.logits[i] = token, base - len(fresh) + i, i == len(fresh) - 1
+            batch.n_seq_id[i], batch.seq_id[i][0] = 1, 0
+        batch.n_tokens = len(fresh)
         for path in paths:
             if not path:
                 rows.append(None)
@@ -286,6 +342,10 @@ class DraftModel:
                     raise DraftModelError(f"a level of more than {MAX_BRANCHES} branches")
                 seq = free.pop(0)
                 llama_cpp.llama_memory_seq_cp(mem, taken[parent] if parent else 0, seq, 0, base + len(parent))
+                if not parent:  # the text's fresh tokens are this branch's too
+                    for i in range(len(fresh)):
+                        batch.seq_id[i][batch.n_seq_id[i]] = seq
+                        batch.n_seq_id[i] += 1
             for i in range(cached, len(path)):
                 j = batch.n_tokens
                 batch.token[j] = path[i]
@@ -298,6 +358,8 @@ class DraftModel:
             rows.append(batch.n_tokens - 1)
         if batch.n_tokens and llama_cpp.llama_decode(self._llama.ctx, batch) != 0:
             raise DraftModelError("llama.cpp could not decode a level of branches (is the cache full?)")
+        if fresh:
+            self._root_logits = self._logits_at(len(fresh) - 1)
         return rows
 
     def _drop_branches(self) -> None:

@@ -91,3 +91,69 @@ def test_branches_decoded_together_guess_what_each_alone_would(close_draft):
     assert [options[0][0] for options in deeper] == alone
     cost = close_draft.batch_cost(context)
     assert set(cost) == {1, 2, 4, 8} and cost[1] == 1.0
+
+
+def test_a_tree_rerooted_below_committed_tokens_keeps_its_branches_and_guesses_as_if_read_afresh(close_draft,
+                                                                                                monkeypatch):
+    """When the stream commits tokens the branches had decoded, the next level moves the root down to
+    them: the text takes that path's cells, the branches below it keep theirs, and the level's batch
+    holds the text's newest token and the new leaves only (not the whole subtree again after a
+    catch-up's decode, then the level's); committed tokens no branch decoded go in that batch too.
+    Every candidate is what the drafter gives after reading that text afresh."""
+    import local_draft.draft_model as draft_model
+
+    greedy, none = SamplingParams(), (lambda position: None)
+    context = close_draft.tokenize("def quicksort(arr):")
+    decoded: list[int] = []  # tokens in each decode of a level (branches) or a catch-up (the text)
+    decode = draft_model.llama_cpp.llama_decode
+    monkeypatch.setattr(draft_model.llama_cpp, "llama_decode",
+                        lambda ctx, batch: (decoded.append(batch.n_tokens), decode(ctx, batch))[1])
+    eval_text = close_draft._llama.eval
+    monkeypatch.setattr(close_draft._llama, "eval", lambda tokens: (decoded.append(len(tokens)), eval_text(tokens))[1])
+
+    def level(text, paths):
+        return close_draft.branch_guesses(text, paths, greedy, none)
+
+    def afresh(text, paths):
+        close_draft._drop_branches()
+        close_draft.rollback(0)
+        return level(text, paths)
+
+    root = level(context, [()])[0]
+    a, b = root[0][0], root[1][0]
+    first = level(context, [(a,), (b,)])
+    x, y = first[0][0][0], first[0][1][0]
+    second = level(context, [(a, x), (a, y), (b, first[1][0][0])])
+    u, w = second[0][0][0], second[0][1][0]
+    third = level(context, [(a, x, u), (a, x, w), (a, y, second[1][0][0])])
+    decoded.clear()
+
+    def same(got, want):
+        for options, wanted in zip(got, want):
+            assert [token for token, _ in options] == [token for token, _ in wanted]
+            assert np.allclose([p for _, p in options], [p for _, p in wanted], atol=2e-3)
+
+    # the stream commits a and x: the branches below (a, x) stay, a's other branch and b's are freed
+    text = context + [a, x]
+    paths = [(), (u, third[0][0][0]), (w, third[1][0][0]), (9,)]
+    deeper = level(text, paths)
+    assert decoded == [1 + 3], decoded  # one decode: x (for the text and the new branch 9) and three leaves
+    assert close_draft.evaluated == text and sorted(close_draft._branch_seq) == sorted(paths[1:])
+    same(deeper, afresh(text, paths))
+    # the stream takes one token past the deepest branches decoded: x's cells come from its branch,
+    # the newest token is decoded with the next level
+    level(text, [(5,), (6,)])
+    decoded.clear()
+    deeper = level(text + [5, 3], [(), (4,)])
+    assert decoded == [2], decoded
+    same(deeper, afresh(text + [5, 3], [(), (4,)]))
+    # tokens no branch decoded (the stream left them, or passed their open leaves) go in the level's batch
+    level(text, [(5,), (6,)])
+    decoded.clear()
+    same(level(text + [8, 3], [(), (2,)]), afresh(text + [8, 3], [(), (2,)]))
+    assert decoded[0] == 3, decoded
+    # a text that moved otherwise (a rewind) is read by a catch-up, and the branches decoded whole
+    level(text, [(5,), (6,)])
+    decoded.clear()
+    same(level(text[:-1] + [4], [(), (2,)]), afresh(text[:-1] + [4], [(), (2,)]))
+    assert decoded[:2] == [1, 1], decoded
