@@ -64,6 +64,7 @@ USERS_RATE = 20.0  # tokens/s a user should get: "users served at 20 tokens/s or
 class UserRecord:
     commits: list[tuple[float, int]] = field(default_factory=list)  # (time.perf_counter, tokens) as committed
     first_token_s: list[float] = field(default_factory=list)  # of replies started in the window
+    first_token_replies: list[int] = field(default_factory=list)  # their reply numbers, in the same order
     passes: int = 0
     tokens: int = 0  # in finished replies (for passes per token)
     drafted: int = 0
@@ -123,6 +124,9 @@ class WaveRecord:
     # every finished reply as (user, reply number, wall s, tokens): the k-th reply of a user is the same
     # prompt in every mode, so two modes compare on the replies both finished (`same_replies`)
     replies: list[tuple[int, int, float, int]] = field(default_factory=list)
+    # every first token of a reply begun in the window as (user, reply number, s): the same prompts in two
+    # modes (`same_first_tokens`)
+    first_token_by_reply: list[tuple[int, int, float]] = field(default_factory=list)
 
 
 def prompt_set(recording: Recording, kinds: list[str]) -> list:
@@ -170,6 +174,7 @@ def _user(index: int, mode: str, url: str, draft: EmulatedDraft, entries: list, 
             record.replies.append((reply - 1, time.perf_counter() - began, len(result.token_ids)))
             if window[0] <= began < window[1]:  # not the first wave, every user's prompt at once
                 record.first_token_s.append(stats.first_token_s or stats.wall_s)
+                record.first_token_replies.append(reply - 1)
             record.passes += stats.verified_rounds
             record.tokens += len(result.token_ids)
             record.drafted += stats.drafted
@@ -265,7 +270,9 @@ def summarize(records: list[UserRecord], window: tuple[float, float], busy_s: fl
         time_scale=time_scale, tokens_per_pass=sum(r.tokens for r in records) / max(passes, 1),
         nodes_per_pass=drafted / max(passes, 1), acceptance_by_depth=by_depth[:12], widths=[r.width for r in records],
         first_tokens=len(firsts), user_rates=sorted(round(rate, 2) for rate in rates),
-        replies=[(user, k, round(wall, 4), tokens) for user, r in enumerate(records) for k, wall, tokens in r.replies])
+        replies=[(user, k, round(wall, 4), tokens) for user, r in enumerate(records) for k, wall, tokens in r.replies],
+        first_token_by_reply=[(user, k, round(s / time_scale, 5)) for user, r in enumerate(records)
+                              for k, s in zip(r.first_token_replies, r.first_token_s)])
 
 
 def same_replies(a: WaveRecord, b: WaveRecord) -> tuple[float, int] | None:
@@ -280,6 +287,18 @@ def same_replies(a: WaveRecord, b: WaveRecord) -> tuple[float, int] | None:
         return None
     wall_a, wall_b = sum(c[0] for c in common), sum(c[1] for c in common)
     return (wall_b / wall_a if wall_a > 0 else 0.0), len(common)
+
+
+def same_first_tokens(a: WaveRecord, b: WaveRecord) -> tuple[float, float, int] | None:
+    """The first token's p99 in a and in b over the replies both began in the window (the same prompts),
+    and how many that is (None: none in common). A mode that finishes replies sooner begins more in the
+    window, of prompts the other may not reach (the longest, cut into pieces on a slow target), so the
+    p99 over each mode's own replies compares other prompts."""
+    firsts_b = {(user, k): s for user, k, s in b.first_token_by_reply}
+    common = [(s, firsts_b[(user, k)]) for user, k, s in a.first_token_by_reply if (user, k) in firsts_b]
+    if not common:
+        return None
+    return percentile([c[0] for c in common], 99), percentile([c[1] for c in common], 99), len(common)
 
 
 def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float], user_counts: list[int],
@@ -411,7 +430,9 @@ def print_records(records: list[WaveRecord]) -> None:
             print(f"  {rtt:g} ms, {users} users, {mode} / server: aggregate x{r.aggregate_tok_s / server.aggregate_tok_s:.2f}, "
                   f"user p50 x{r.user_p50_tok_s / max(server.user_p50_tok_s, 1e-9):.2f}, users at 20 tok/s "
                   f"{r.users_at_20_tok_s} vs {server.users_at_20_tok_s}"
-                  + (f", on the same {same[1]} replies x{same[0]:.2f}" if (same := same_replies(r, server)) else ""))
+                  + (f", on the same {same[1]} replies x{same[0]:.2f}" if (same := same_replies(r, server)) else "")
+                  + (f"; first token p99 on the same {firsts[2]} replies {firsts[0]:.3f} s against {firsts[1]:.3f}"
+                     if (firsts := same_first_tokens(r, server)) else ""))
     for r in records:
         for error in r.errors:
             print(f"  {r.users} {r.mode}: {error}")

@@ -265,6 +265,24 @@ def test_two_modes_compare_on_the_replies_both_finished():
     assert same_replies(tree, wave("server", [])) is None
 
 
+def test_first_tokens_compare_on_the_replies_both_began():
+    """`same_first_tokens`: the first token's p99 in two modes over the (user, reply) pairs both began in
+    the window: a long prompt only the faster mode reached is left out of both."""
+    from benchmarks.capacity import WaveRecord, same_first_tokens
+
+    def wave(mode, firsts):
+        return WaveRecord(users=2, mode=mode, rtt_ms=14, emulated="x", aggregate_tok_s=0, user_p50_tok_s=0,
+                          user_p99_tok_s=0, user_min_tok_s=0, first_token_p50_s=0, first_token_p99_s=0,
+                          users_at_20_tok_s=0, passes_per_token=0, acceptance=0, utilization=0, differing=0,
+                          errors=[], time_scale=1, first_token_by_reply=firsts)
+
+    server = wave("server", [(0, 1, 0.05), (1, 1, 0.06)])
+    default = wave("default", [(0, 1, 0.04), (1, 1, 0.05), (1, 2, 0.4)])  # (1, 2): a long prompt, its own
+    p99_default, p99_server, n = same_first_tokens(default, server)
+    assert n == 2 and p99_default == pytest.approx(0.05, abs=1e-3) and p99_server == pytest.approx(0.06, abs=1e-3)
+    assert same_first_tokens(default, wave("server", [])) is None
+
+
 def test_a_recorded_guess_stays_first_where_a_new_evaluation_breaks_a_near_tie_the_other_way():
     from benchmarks.emulation.record import guess_first
 
