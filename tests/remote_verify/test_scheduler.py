@@ -531,14 +531,8 @@ def test_a_new_replys_first_pass_is_the_pass_right_after_its_start(llamacpp_targ
             assert started.result() is None
         await streaming
 
-    try:
-        asyncio.run(main())
-    finally:
-        queue.shutdown()
-        for session in sessions.values():
-            session.close()
-    firsts = [next(i for i in range(at, len(backend.passes)) if any(name == "n" for name, _ in backend.passes[i]))
-              for at in starts_at]
+    n_passes, _ = _run_and_find_pieces(main, queue, sessions, backend, "n")
+    firsts = [next(i for i in n_passes if i >= at) for at in starts_at]
     assert len(starts_at) == 3 and firsts == starts_at, (starts_at, firsts, backend.passes)
     assert len(made["n"]) == 6
 
