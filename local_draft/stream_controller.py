@@ -94,9 +94,11 @@ TREE_MARGIN = 1.05  # a tree must promise this much more than a chain (its h(w) 
 # Before any tree was tested: the share of the first choice's misses that alternatives catch, at
 # many branches (H; two branches catch half of it). An estimate, replaced by the measured share.
 PRIOR_ALTERNATE = 0.8
-# A tree's drafter reads a frame's committed tokens before its next level: about a decode step (the
-# emulated 1.5B's passes of 5.5 ms leave it half its time; trees there made 0.80x chains until the
-# model counted it)
+# What a tree's drafter spends a pass beyond its levels, in its steps: its first level after a frame
+# also reads the committed tokens no branch decoded (local_draft/draft_model.py `_reroot`), and the
+# levels after a frame grow below the token the stream took, where a chain's guesses past the frame
+# were drafted before it came. A calibration more than a price: on the emulated 1.5B (passes of
+# 5.5 ms) trees made 0.80x chains without it, 0.95x at one step, 1.00x at two.
 TREE_REREAD_STEPS = 2.0
 MAX_WANTED = 64  # leaves counted as wanted at one level, at most (a flat distribution wants many)
 
@@ -242,9 +244,8 @@ class StreamController:
             cost = self.seconds(1 + b * width) * self.interference
             if cost <= 0:  # a curve that says a pass costs nothing says nothing a gain can be read from
                 return math.inf
-            # levels the drafter can have ready in a pass; a tree's drafter first reads the tokens the
-            # pass committed (a decode step: the real drafter's branches re-root, the emulated one's
-            # cache is its history), which a chain that guessed them has read already
+            # levels the drafter can have ready in a pass, a tree's less what a frame costs it
+            # (TREE_REREAD_STEPS)
             drafting_s = cost - (guess_s * TREE_REREAD_STEPS if width > 1 and guess_s else 0.0)
             found = b if not level_s else min(b, max(0.0, drafting_s) / level_s)
             best = max(best, (sum(survive ** i for i in range(int(found) + 1))
