@@ -25,7 +25,10 @@ UNCUT_TOKENS or fewer (a new reply's short prompt) is never cut. And a round goe
 that is due by charge, once (ROUND_PASSES_BEFORE_A_PIECE), so a round waits behind the one piece
 running at most, never behind a whole prefill nor a piece of every prefilling session (by charge
 alone, four clients thrashing 4,095-token Syncs made an honest round wait 56 to 100 ms in the
-queue at p99, against 0.4 ms quiet; now 1.6 ms), while a prefill still gets every other pass.
+queue at p99, against 0.4 ms quiet; now 1.6 ms), while a prefill still gets every other pass:
+after a pass without a piece, the least charged prefill's piece is due (`_piece_due`), however
+little a stream is charged (one that began later, credited, is charged less than a session back
+with a new reply, whose prompt waited for it to catch up).
 
 Shared passes: an item that is a `Shareable` (a verify round, a server-only stream's next
 token) may run in one forward pass with the next item of every other waiting session, at
@@ -216,6 +219,7 @@ class DeviceQueue:
         self._clock = 0.0  # the charge of the session served last
         self._seen: dict[Hashable, float] = {}  # when each session last sent work
         self._rounds_ahead = 0  # passes of rounds run before the piece due by charge
+        self._pieced = True  # the last pass formed held a prefill's piece (at the start: rounds go first)
         self._round_s: float | None = None  # a pass holding no prefill piece takes this long (decayed mean)
         self._piece_memo: dict = {}  # piece limits found while forming the current turn
         self.ledger = PassLedger()  # each session's gain against a plain stream (fair shared passes)
@@ -304,7 +308,7 @@ class DeviceQueue:
             # token at 32 streams); what its turn costs the others is the pass after it, charged as before
             session = next((each for each in line if isinstance(self._waiting[each][0].work, Bookkeeping)), None)
             if session is None:
-                session = self._round_before_piece(line)
+                session = self._piece_due(line) or self._round_before_piece(line)
             line.remove(session)
             self._turns.remove(session)
             self._clock = max(self._clock, self._charged[session])
@@ -314,6 +318,8 @@ class DeviceQueue:
                 self._cut(first, UNCUT_TOKENS if short else
                           self._cut_limit(first, self._piece_limit(session, first.work), session))
             taken = [first]
+            if isinstance(first.work, Shareable):  # a pass (bookkeeping runs no pass)
+                self._pieced = first.rest is not None
             work = first.work
             self._charged[session] += self._charge(self._size(work)) if isinstance(work, Shareable) else 1
             if self.batch_tokens and isinstance(work, Shareable) and hasattr(work.backend, "forward_many"):
@@ -345,6 +351,20 @@ class DeviceQueue:
         if tokens <= 1 or not alone.known:
             return float(tokens)
         return max(1.0, alone.seconds(tokens) / alone.seconds(1))
+
+    def _piece_due(self, line: list[Hashable]) -> Hashable | None:
+        """After a pass without a piece, the least charged session waiting with a prefill (None: none
+        waits, or the last pass held one). By charge alone a prefill waited to be the least charged of
+        every session, streams too, and a stream that began later is charged less than a session back
+        with a new reply: that reply's prompt, too long to join another's pass, waited for it to catch up
+        (the emulated 32B at 32 users: a 112-token prompt's first piece 27 passes, 1.2 s, after its
+        start)."""
+        if self._pieced:
+            return None
+        prefilling = next((each for each in line if self._prefills(each)), None)  # the line is by charge
+        if prefilling is not None:
+            self._rounds_ahead = 0
+        return prefilling
 
     def _round_before_piece(self, line: list[Hashable]) -> Hashable:
         """The least-charged session; but when its next item is a prefill (to be cut into a piece) and

@@ -537,6 +537,47 @@ def test_a_new_replys_first_pass_is_the_pass_right_after_its_start(llamacpp_targ
     assert len(made["n"]) == 6
 
 
+def test_a_new_replys_long_prompt_does_not_wait_for_a_stream_charged_less(llamacpp_target):
+    """A session that streamed a reply and starts another with a long prompt: its first piece runs within
+    a couple of passes of its start, although a stream that began later (credited, so charged less) is
+    the least charged session for many passes: after a pass without a piece, the least charged
+    prefill's piece is due (by charge alone it waited for that stream to catch up: 19 passes here)."""
+    from remote_verify.server_only import stream_generation
+    from wire.protocol import Generate
+
+    backend = RecordingBackend(llamacpp_target)
+    sessions = _sessions(backend, "snl")
+    made: dict[str, list[int]] = {"s": [], "n": [], "l": []}
+    queue = DeviceQueue("test")
+    starts_at: list[int] = []
+    start = sessions["n"].start_generation
+    sessions["n"].start_generation = lambda request: (starts_at.append(len(backend.passes)), start(request))[1]
+    long_prompt = [(7 * i) % 300 + 1 for i in range(300)]
+
+    async def send(frame) -> None:
+        made["n"].extend(frame.tokens)
+
+    async def main() -> None:
+        streaming = asyncio.ensure_future(_stream(sessions, queue, made, "s", [5, 6, 7, 8, 9], 400))
+        while len(made["s"]) < 3:
+            await asyncio.sleep(0.001)
+        await stream_generation(sessions["n"], Generate(seq=1, committed_len=0, append=[3, 4, 5], max_tokens=20),
+                                queue, send, asyncio.Event(), started=asyncio.get_running_loop().create_future())
+        late = asyncio.ensure_future(_stream(sessions, queue, made, "l", [9, 8, 7], 300))
+        while len(made["l"]) < 3:  # the late stream is under way, charged a credit below the others
+            await asyncio.sleep(0.001)
+        request = Generate(seq=2, committed_len=len(sessions["n"].committed), append=long_prompt, max_tokens=2)
+        await stream_generation(sessions["n"], request, queue, send, asyncio.Event(),
+                                started=asyncio.get_running_loop().create_future())
+        await asyncio.gather(streaming, late)
+
+    n_passes, pieces = _run_and_find_pieces(main, queue, sessions, backend, "n")
+    first_piece = next(i for i in n_passes if i >= starts_at[1])
+    assert first_piece - starts_at[1] <= 2, (starts_at, n_passes, pieces)
+    after = pieces[-len([i for i in n_passes if i >= starts_at[1]]):]
+    assert max(after) < 300 and sum(after) >= 300, pieces  # the prompt in pieces, then a token
+
+
 def test_a_prompts_pieces_are_charged_by_their_cost_so_they_come_every_few_passes(llamacpp_target, monkeypatch):
     """On a GPU-like curve (a pass of 60 tokens about twice one of 1), a 300-token prompt goes in pieces
     of at most about 60 while three streams go on, and its pieces come every other pass or so: a piece
