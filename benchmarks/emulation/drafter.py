@@ -9,7 +9,8 @@ drafters fit beside a service on two cores. Its guesses come from
 - the recording (greedy runs on the default pair): the real drafter's argmax at every
   position of the target's path (benchmarks/emulation/recording.py), and where recorded its top
   few guesses with their probabilities, which a tree's branches take (a level of b branches
-  costs the profile's `level_ms(b)`); or
+  costs the profile's `level_ms(b)`, the first after a frame b plus the committed tokens it
+  decodes in the same batch, as the real drafter re-roots its branches: `_reroot`); or
 - a real draft model (the tiny one, for sampled runs), whose own compute counts towards
   the profile's time.
 The vocabulary (tokenizing, the handshake's fingerprint, end tokens) is always the real draft
@@ -26,7 +27,7 @@ import numpy as np
 from benchmarks.emulation.profiles import DrafterProfile
 from benchmarks.emulation.recording import Recording
 from benchmarks.emulation.target import ReplayError
-from local_draft.draft_model import BATCH_COST_WIDTHS, CATCH_UP_PIECE, DraftModel, DraftModelError
+from local_draft.draft_model import BATCH_COST_WIDTHS, CATCH_UP_PIECE, MAX_FRESH_TOKENS, DraftModel, DraftModelError
 from wire.protocol import Hello, SamplingParams, SparseDist
 
 
@@ -48,6 +49,9 @@ class EmulatedDraft:
         self.last_catch_up = 0
         self.piece_s = profile.read_ms(CATCH_UP_PIECE) / 1000 * time_scale
         self._cached: list[int] = []  # what the emulated drafter has read
+        # a tree's branches: the text they grew from (None: none since the last read) and the paths decoded
+        self._branch_base: list[int] | None = None
+        self._branch_paths: set[tuple[int, ...]] = set()
 
     # ---- the vocabulary: the real GGUF's ------------------------------------------------
 
@@ -199,20 +203,22 @@ class EmulatedDraft:
         stand in."""
         longest = max((len(path) for path in paths), default=0)
         self._check_room(context, longest + 1)
+        grown = sum(1 for path in paths if path)
         if self.recording is None:
-            began, lag = time.perf_counter(), self.lag(context)
+            began = time.perf_counter()
+            fresh, lag = self._reroot(context), self.lag(context)
             out = self.model.branch_guesses(context, paths, params, clocks_for)
-            self._cached = list(context)
-            grown = sum(1 for path in paths if path)
-            self._top_up(began, self.profile.read_ms(lag) + (self.profile.level_ms(grown) if grown else 0.0))
+            self._cached, self._branch_base = list(context), list(context)
+            self._branch_paths = {tuple(path) for path in paths}
+            self._top_up(began, self._level_ms(grown, fresh, lag))
             return out
         if not params.greedy:
             raise ReplayError("the recording holds greedy guesses only: run sampled emulation on the tiny models")
-        if self._cached != list(context):  # the branches grow after a text already read: no step for it
+        fresh = self._reroot(context)
+        if fresh is None and self._cached != list(context):  # a text the branches did not continue: read it
             self._catch_up(context)
-        grown = sum(1 for path in paths if path)
-        if grown:
-            self._spend(self.profile.level_ms(grown))
+        self._spend(self._level_ms(grown, fresh, 0))
+        self._branch_base, self._branch_paths = list(context), {tuple(path) for path in paths}
         entry = self.recording.find(list(context))
         if entry is None:
             raise ReplayError("no recording starts like this context: the replay knows the default prompt set only")
@@ -231,6 +237,33 @@ class EmulatedDraft:
             else:
                 out.append([(entry.guesses[at], 1.0)])
         return out
+
+    def _reroot(self, context: Sequence[int]) -> int | None:
+        """The committed tokens a level below `context` decodes in its own batch, as the real drafter
+        re-roots its branches there (local_draft/draft_model.py `_reroot`): those after the longest
+        committed prefix (but the newest) a branch decoded; None where `context` does not continue the
+        text the branches grew from (it is read first, as a catch-up), 0 where it is that text."""
+        base = self._cached
+        if self._branch_base != base or len(context) < len(base) or list(context[:len(base)]) != base:
+            self._branch_base, self._branch_paths = None, set()
+            return None
+        committed = tuple(context[len(base):])
+        if not committed:
+            return 0
+        reach = max((next((i for i, (a, b) in enumerate(zip(path, committed[:-1])) if a != b),
+                          min(len(path), len(committed) - 1)) for path in self._branch_paths), default=0)
+        if len(committed) - reach > MAX_FRESH_TOKENS:
+            self._branch_base, self._branch_paths = None, set()
+            return None
+        self._cached = list(context)
+        return len(committed) - reach
+
+    def _level_ms(self, grown: int, fresh: int | None, lag: int) -> float:
+        """A level of `grown` branches with `fresh` committed tokens in its batch (None: after reading
+        `lag` tokens apart, a catch-up's step or prefill)."""
+        if fresh is None:
+            return self.profile.read_ms(lag) + (self.profile.level_ms(grown) if grown else 0.0)
+        return self.profile.level_ms(grown + fresh) if grown + fresh else 0.0
 
     # ---- time ---------------------------------------------------------------------------
 

@@ -185,6 +185,38 @@ def test_an_emulated_drafter_branches_into_the_recorded_top_guesses(tiny, tiny_r
     assert [(t, pytest.approx(p)) for t, p in options[1]] == [tuple(x) for x in entry.top[1]]
 
 
+def test_an_emulated_tree_level_after_a_frame_decodes_the_committed_tokens_in_its_own_batch(tiny, tiny_recording):
+    """As the real drafter re-roots its branches below the committed tokens (local_draft/draft_model.py
+    `_reroot`), the first level after a frame decodes, in its own batch, the committed tokens no branch
+    decoded (at least the newest): it costs a level of that many more sequences, not a catch-up's read
+    and then a level. A text the branches did not grow from is read first, as before."""
+    from benchmarks.emulation.drafter import EmulatedDraft
+    from local_draft.draft_model import DraftModel
+
+    recording = Recording.load(tiny_recording)
+    profile = DrafterProfile(name="cuda-like", token_ms=20.0, prefill_ms_per_token=10.0, batch_points=((8, 1.6),))
+    draft = EmulatedDraft(DraftModel(tiny.draft, vocab_only=True), profile, recording)
+    spent: list[float] = []
+    draft._spend = spent.append  # the emulated milliseconds each step costs, instead of sleeping them
+    entry = recording.entries[0]
+    prompt, path, top = list(entry.prompt), list(entry.path), entry.top
+    draft.keep_up(prompt)
+    draft.branch_guesses(prompt, [(path[0],), (top[0][1][0],)], SamplingParams(), lambda position: None)
+    assert spent[-1] == pytest.approx(profile.level_ms(2))
+    spent.clear()  # the stream took path[0] (a branch decoded it) and its own token path[1]
+    draft.branch_guesses(prompt + path[:2], [(), (path[2],)], SamplingParams(), lambda position: None)
+    assert spent == [pytest.approx(profile.level_ms(1 + 1))]  # one branch, and the newest token
+    spent.clear()  # three committed tokens, the first on a branch: the other two in the batch
+    draft.branch_guesses(prompt + path[:5], [()], SamplingParams(), lambda position: None)
+    assert spent == [pytest.approx(profile.level_ms(2))]
+    spent.clear()  # three more, none on a branch (the text's level grows no branch): all three
+    draft.branch_guesses(prompt + path[:8], [()], SamplingParams(), lambda position: None)
+    assert spent == [pytest.approx(profile.level_ms(3))]
+    spent.clear()  # another text: read first
+    draft.branch_guesses(prompt + path[:3], [()], SamplingParams(), lambda position: None)
+    assert spent == [pytest.approx(profile.token_ms), 0.0]
+
+
 def test_the_capacity_benchmark_writes_labelled_records(tiny, tiny_recording, tmp_path):
     """`benchmarks.load --emulate` at 1 and 2 users: one JSON record per (users, mode), each saying
     it is emulated and by which profile, every reply the recorded path."""
