@@ -24,6 +24,7 @@ token no child guessed ends it, and a new one starts after the text. Nodes come 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from wire.draft_tree import ROOT
 from wire.limits import MAX_TREE_NODES
@@ -45,6 +46,18 @@ ALTERNATE_ABOVE = 0.02
 # drafter is sure a chain's level is the cheapest way deeper, which a stream needs as much as width
 # (the emulated 70B at 14 ms, trees of 8: 1.27x chains at 0.05, 1.30x at 0.2, 1.27x at 0.5).
 OPEN_RATIO = 0.2
+
+
+class Followed(NamedTuple):
+    """What a frame's committed tokens found in a tree, followed from its root."""
+
+    right: int  # tokens that were a child of the node before them
+    first: int  # ... of those, first choices
+    alternate: int  # ... and alternatives
+    tested: int  # tokens tested: `right`, and one more where no child guessed it
+    # alternatives taken whose node had a child the service held (an alternative left a leaf ends the
+    # stream's guesses there, as a miss does, until the client's next tree arrives)
+    carried: int = 0
 
 
 @dataclass
@@ -127,21 +140,21 @@ class DraftTree:
         return ([self.tokens[node] for node in order],
                 [ROOT if self.parents[node] == ROOT else place[self.parents[node]] for node in order])
 
-    def follow(self, committed: list[int]) -> tuple[int, int, int, int]:
-        """Follow committed tokens down from the root. Returns (right, first, alternate, tested):
-        tokens that were a child of the node before them, how many of those were first choices
-        and alternatives, and tokens tested (right, and one more where no child guessed it)."""
-        node, right, first = ROOT, 0, 0
+    def follow(self, committed: list[int]) -> Followed:
+        """Follow committed tokens down from the root: how far the tree guessed them (`Followed`)."""
+        node, right, first, carried = ROOT, 0, 0, 0
         children = self._children()
         for token in committed:
             kids = children.get(node, [])
             if not kids:
-                return right, first, right - first, right
+                return Followed(right, first, right - first, right, carried)
             child = next((kid for kid in kids if self.tokens[kid] == token), None)
             if child is None:
-                return right, first, right - first, right + 1
+                return Followed(right, first, right - first, right + 1, carried)
+            if self.rank[child]:  # an alternative: the service could go on below it only if it held a child
+                carried += any(kid < self.sent for kid in children.get(child, []))
             right, first, node = right + 1, first + (self.rank[child] == 0), child
-        return right, first, right - first, right
+        return Followed(right, first, right - first, right, carried)
 
     def below(self, right: int, committed: list[int], number: int, end_ids: frozenset[int]) -> DraftTree | None:
         """The subtree below the node that `right` committed tokens reach, as a tree anchored after

@@ -42,18 +42,25 @@ branches together: the same gain, asked for a tree of w branches (w = 1: a chain
 tree costs the drafter g x beta(leaves), its measured cost of decoding that many sequences one step
 against one (`batch_cost`), for as many leaves as a level wanted to grow (measured: where the
 drafter is sure a wide tree grows one leaf, a chain's level; `level_cost`), at most w; and the pass
-c(1 + w x levels). A level survives when the first choice is right (a) or, where it is wrong, one
+c(1 + w x levels). A level is kept when the first choice is right (a) or, where it is wrong, one
 of the alternatives is (h(w), measured as the share of the first choice's misses an alternative
 caught, and carried to other widths as H (1 - 1/w): one alternative among two catches half of what
-many would). A tree is drafted only where it beats the chain by TREE_MARGIN, and then the widest
-that does: the model counts what a level costs and what it keeps in one pass, not what a miss
-costs a stream (the passes the service runs alone until the client's next guesses arrive, a
-round trip later), which a wider tree avoids by having grown the alternative the stream took (on
-the emulated 70B at 14 ms the model preferred 4 branches where 8 made 3% more). A drafter whose
-branches cost a step each (beta(w) = w: Apple Metal, a CPU) finds a level w times slower, and drafts
-chains wherever the drafter, not the service, holds the stream back; a GPU drafter (beta(8) = 1.6)
-widens. Until the drafter's time for a guess is measured, chains (the model would take drafting for
-free, and every tree for a win).
+many would); the guesses go on below it only where the tree had grown that alternative (measured:
+`carried_share`). A tree is drafted only where it beats the chain by TREE_MARGIN, and then the
+widest that does, by the model of the stream (`gain(..., stream=True)`), which counts two things one
+pass does not show: when the guesses end within a pass (a miss, an alternative left a leaf) the
+service runs alone until the client's next guesses arrive, a round trip later (`blind_passes`),
+which a tree saves wherever it grew the token the stream took; and a pass keeps at most the levels
+the drafter made during one, the stream's own token included (where the drafter is sure, chains and
+trees alike commit what it drafts: 6 to 7 tokens in a pass of the emulated 70B, where the drafter
+makes 7.2 levels). Weighing one pass alone, the model drafted chains wherever the drafter was sure
+enough to reach deeper with them (the emulated 70B, one user: the default mode 1.24x chains at 14 ms
+where trees of 8 throughout made 1.28x); counting the round trip alone, it drafted trees on Apple's
+drafter, whose levels of eight branches cost 3.6 steps there, where trees of 8 made 0.87x chains. A
+drafter whose branches cost a step each (beta(w) = w: Apple Metal, a CPU) finds a level w times
+slower, and drafts chains wherever the drafter, not the service, holds the stream back; a GPU
+drafter (beta(8) = 1.6) widens. Until the drafter's time for a guess is measured, chains (the model
+would take drafting for free, and every tree for a win).
 
 The shape is the model's, not a race of measured rates: a stream's rate follows its text (on the
 emulated 70B one user's prompts run at 1.7 to 6 tokens a pass), so chains measured on one stretch
@@ -73,6 +80,7 @@ from wire.cost_curve import curve_points, interpolate
 from wire.protocol import PassCost
 
 MEMORY = 0.85  # weight of the past per frame: a rate follows a change in the text within ~7 frames
+STEADY_MEMORY = 0.98  # ... per guess, for a tree's width: about fifty guesses
 PRIOR_ACCEPTANCE = 0.7
 PRIOR_WEIGHT = 2.0
 MIN_FRAMES = 4  # frames measured before a rate is trusted against the other (and rested before a probe)
@@ -94,12 +102,9 @@ TREE_MARGIN = 1.05  # a tree must promise this much more than a chain (its h(w) 
 # Before any tree was tested: the share of the first choice's misses that alternatives catch, at
 # many branches (H; two branches catch half of it). An estimate, replaced by the measured share.
 PRIOR_ALTERNATE = 0.8
-# What a tree's drafter spends a pass beyond its levels, in its steps: its first level after a frame
-# also reads the committed tokens no branch decoded (local_draft/draft_model.py `_reroot`), and the
-# levels after a frame grow below the token the stream took, where a chain's guesses past the frame
-# were drafted before it came. A calibration more than a price: on the emulated 1.5B (passes of
-# 5.5 ms) trees made 0.80x chains without it, 0.95x at one step, 1.00x at two.
-TREE_REREAD_STEPS = 2.0
+# Before any tree was tested: the share of those catches below which the tree went on. An estimate,
+# replaced by the measured share.
+PRIOR_CARRIED = 0.5
 MAX_WANTED = 64  # leaves counted as wanted at one level, at most (a flat distribution wants many)
 
 
@@ -107,6 +112,16 @@ class Decayed(DecayedMean):
     """An exponentially forgetting mean at the stream controller's pace, with its weight."""
 
     memory = MEMORY
+
+
+class Steady(DecayedMean):
+    """The acceptance a tree's width is chosen by: a tree lives until the stream takes a token none of
+    its children guessed, tens of tokens, so it is chosen by about the last fifty guesses. The last
+    seven's (`Decayed`) read 0.995 after a run of right ones, and chose chains at every new reply:
+    on the emulated 70B at 14 ms three of ten replies drafted chains throughout, 10% slower there than
+    trees of 8."""
+
+    memory = STEADY_MEMORY
 
 
 @dataclass
@@ -126,6 +141,7 @@ class StreamController:
 
     def __post_init__(self) -> None:
         self._acceptance = Decayed(PRIOR_ACCEPTANCE * PRIOR_WEIGHT, PRIOR_WEIGHT)
+        self._steady = Steady(PRIOR_ACCEPTANCE * PRIOR_WEIGHT, PRIOR_WEIGHT)  # the same, over longer
         self._guess_s = Decayed()  # the drafter's seconds per guess
         self._token_s = {True: Decayed(), False: Decayed()}  # seconds per committed token, drafting or not
         self._frames = {True: 0, False: 0}
@@ -135,6 +151,7 @@ class StreamController:
         self._slowdown = {True: Decayed(), False: Decayed()}  # a pass's time over the curve's, drafting or not
         self._since_switch = 0  # tokens committed since the decision last changed
         self._alternate = Decayed(PRIOR_ALTERNATE * PRIOR_WEIGHT, PRIOR_WEIGHT)  # h(w) / (1 - 1/w)
+        self._carried = Decayed(PRIOR_CARRIED * PRIOR_WEIGHT, PRIOR_WEIGHT)  # caught misses the tree went on below
         self._wanted = Decayed()  # leaves a tree's level would grow if its width allowed them all
 
     # ---- what is measured -------------------------------------------------------------
@@ -147,14 +164,26 @@ class StreamController:
         """Guesses compared with committed tokens: `right` of `tested` (the last one wrong if right < tested)."""
         for i in range(tested):
             self._acceptance.add(1.0 if i < right else 0.0)
+            self._steady.add(1.0 if i < right else 0.0)
+            # what a tree's level would have wanted here: the drafter's right guesses are mostly those it
+            # was sure of (one leaf), its misses where it was not (every branch: the default pair's drafter
+            # is right at 0.99 where it gives 0.9 or more, at 0.60 below 0.8, where 92% of its misses are).
+            # Without this, a level's price stayed what the last tree measured (prose: 30 leaves wanted) and
+            # chains drafted on code never tried the tree that made 15% more there.
+            self._wanted.add(1.0 if i < right else float(TREE_WIDTHS[-1]))
 
-    def observe_tree_levels(self, first_right: int, alternate_right: int, tested: int, width: int) -> None:
+    def observe_tree_levels(self, first_right: int, alternate_right: int, tested: int, width: int,
+                            carried: int = 0) -> None:
         """Levels of a tree of `width` branches compared with committed tokens: at `first_right` of
-        `tested` the first choice was right, at `alternate_right` an alternative was instead."""
+        `tested` the first choice was right, at `alternate_right` an alternative was instead, `carried`
+        of those with guesses below it at the service."""
         for i in range(tested):  # a level is a test of its first choice, whatever came before it
             self._acceptance.add(1.0 if i < first_right else 0.0)
+            self._steady.add(1.0 if i < first_right else 0.0)
         for i in range(tested - first_right):  # each miss of the first choice: caught by an alternative or not
             self._alternate.add((1.0 if i < alternate_right else 0.0) / (1 - 1 / max(width, 2)))
+        for i in range(alternate_right):
+            self._carried.add(1.0 if i < carried else 0.0)
 
     def observe_level(self, wanted: int) -> None:
         """A tree's level was grown where `wanted` leaves were likely enough to grow (before the width
@@ -164,12 +193,39 @@ class StreamController:
     def level_cost(self, width: int) -> float:
         """The drafter's time for a level of a tree of `width`, over one guess's: its batch cost of as
         many leaves as a level wanted (measured; `width` until a tree was grown), at most `width`."""
+        return self._batch(self._leaves(width)) if width > 1 else 1.0
+
+    def reread_cost(self, width: int) -> float:
+        """What a tree's first level after a frame costs the drafter beyond a level, over one guess's:
+        the newest committed token goes in that level's batch (the draft model re-roots its branches
+        below the committed tokens, local_draft/draft_model.py `_reroot`), one sequence more: a tenth
+        of a step on a laptop GPU (8 branches for 1.6), about a step where each branch costs one (a
+        CPU). A chain that guessed the committed tokens has read them."""
         if width <= 1:
-            return 1.0
+            return 0.0
+        leaves = self._leaves(width)
+        return max(0.0, self._batch(leaves + 1) - self._batch(leaves))
+
+    def _leaves(self, width: int) -> float:
+        """The leaves a level of a tree of `width` grows: as many as a level wanted, at most `width`."""
         wanted = self._wanted.value
-        leaves = float(width) if wanted is None else min(float(width), wanted)
+        return float(width) if wanted is None else min(float(width), wanted)
+
+    def _batch(self, leaves: float) -> float:
+        """The drafter's cost of decoding `leaves` sequences a step together, over one (measured)."""
         points = sorted([(1, 1.0)] + [(w, x) for w, x in self.batch_cost.items() if w > 1])
-        return max(1.0, interpolate(points, leaves)) if len(points) > 1 else leaves
+        return max(1.0, interpolate(points, leaves)) if len(points) > 1 else max(1.0, leaves)
+
+    @property
+    def steady_acceptance(self) -> float:
+        """The acceptance over about the last fifty guesses: what a tree's width is chosen by (`Steady`)."""
+        return min(self._steady.value, 0.995)
+
+    @property
+    def carried_share(self) -> float:
+        """The share of a tree's caught misses below which it went on (the alternative had guesses
+        below it at the service): one left a leaf kept a token, and then ended the guesses as a miss."""
+        return min(1.0, self._carried.value)
 
     def alternate_share(self, width: int) -> float:
         """h(width): the share of the first choice's misses that one of `width` branches catches."""
@@ -230,27 +286,45 @@ class StreamController:
         """The tree widths open now: 1 (a chain), and those the drafter measured where trees are verified."""
         return [1] + ([w for w in TREE_WIDTHS if w > 1 and w in self.batch_cost] if self.trees else [])
 
-    def gain(self, width: int = 1, acceptance: float | None = None) -> float:
-        """The best rate drafting a tree of `width` branches (1: a chain) allows over the stream's own."""
+    def gain(self, width: int = 1, acceptance: float | None = None, stream: bool = False) -> float:
+        """The best rate drafting a tree of `width` branches (1: a chain) allows over the stream's own.
+
+        With `stream`, counting what a stream pays beyond one pass: the passes the service runs alone
+        after the guesses end (`blind_passes`), and a drafter that cannot keep ahead of the stream (a
+        pass keeps at most the levels drafted during one: the stream's own token takes a drafted level
+        too, and where a level costs a pass a tree's guesses arrive after the stream has passed them)."""
         a = self.acceptance if acceptance is None else acceptance
         step = self.seconds(1)
         if step is None:
             return math.inf
         guess_s = self._guess_s.value
         level_s = guess_s * self.level_cost(width) if guess_s else None  # the drafter's time a level
-        survive = a + (1 - a) * self.alternate_share(width)  # a level has the target's token
+        caught = (1 - a) * self.alternate_share(width)  # a miss of the first choice an alternative catches
+        kept_at = a + caught  # a level reached is kept: its first choice or an alternative is the target's
+        survive = a + caught * self.carried_share  # ... and the guesses go on below it
+        blind = self.blind_passes(step) if stream else 0.0
         best = 1.0
         for b in range(1, self.longest_block() + 1):
             cost = self.seconds(1 + b * width) * self.interference
             if cost <= 0:  # a curve that says a pass costs nothing says nothing a gain can be read from
                 return math.inf
             # levels the drafter can have ready in a pass, a tree's less what a frame costs it
-            # (TREE_REREAD_STEPS)
-            drafting_s = cost - (guess_s * TREE_REREAD_STEPS if width > 1 and guess_s else 0.0)
+            drafting_s = cost - (guess_s * self.reread_cost(width) if guess_s else 0.0)
             found = b if not level_s else min(b, max(0.0, drafting_s) / level_s)
-            best = max(best, (sum(survive ** i for i in range(int(found) + 1))
-                              + (found % 1) * survive ** (int(found) + 1)) * step / cost)
+            whole = int(found)  # levels reached with certainty of having been drafted, and a part of one more
+            kept = (1.0 + kept_at * sum(survive ** i for i in range(whole))
+                    + (found % 1) * kept_at * survive ** whole)
+            if stream and level_s:
+                kept = min(kept, max(1.0, found))
+            dies = 1.0 - survive ** found  # the guesses end within the pass (a miss, a leaf): blind passes follow
+            best = max(best, (kept + dies * blind) * step / (cost + dies * blind * step))
         return best
+
+    def blind_passes(self, step: float) -> float:
+        """Passes of one token the service runs after a miss before the next guesses reach it: it goes
+        on at once, and the client hears of the miss, drafts a guess and sends it a round trip later
+        (half a pass more on average: guesses that arrive as a pass begins wait for the next)."""
+        return ((self._wire_s.value or 0.0) + (self._guess_s.value or 0.0)) / step + 0.5
 
     def choose_width(self) -> int:
         """The tree's branches for the next guesses (1: a chain): the model's (`modelled_width`)."""
@@ -265,8 +339,10 @@ class StreamController:
         drafter's guess time is not measured yet)."""
         if self._guess_s.value is None:
             return 1
-        chain = self.gain(1)
-        return max((w for w in self.widths() if w > 1 and self.gain(w) >= chain * TREE_MARGIN), default=1)
+        steady = self.steady_acceptance
+        chain = self.gain(1, steady, stream=True)
+        return max((w for w in self.widths() if w > 1 and self.gain(w, steady, stream=True) >= chain * TREE_MARGIN),
+                   default=1)
 
     def longest_block(self) -> int:
         return MAX_SPAN if self.max_block is None else max(1, min(self.max_block, MAX_SPAN))

@@ -375,9 +375,9 @@ class StreamSpeculator:
         if frame.drafted:
             stats.record_source(chain.sources[0] if chain.sources else "model", frame.drafted, accepted)
         if isinstance(chain, DraftTree):
-            right, first, alternate, tested = chain.follow(tokens)
+            right, first, alternate, tested, carried = chain.follow(tokens)
             if tested:
-                self.controller.observe_tree_levels(first, alternate, tested, chain.width)
+                self.controller.observe_tree_levels(first, alternate, tested, chain.width, carried)
         else:
             right, tested = chain.advance(tokens)
             if tested:

@@ -47,8 +47,9 @@ def test_the_subtree_the_stream_took_keeps_growing_from_its_likeliest_leaves():
     tree.width = 1
     _grow(tree, lambda path: [(path[-1] + 10, 0.99)])
     tree.sent = len(tree.tokens)
-    right, first, alternate, tested = tree.follow([2, 12])
-    assert (right, first, alternate) == (2, 1, 1)
+    followed = tree.follow([2, 12])
+    assert followed[:3] == (2, 1, 1) and followed.carried == 1  # the service held the alternative's child
+    right = followed.right
     below = tree.below(right, [2, 12], tree.number, END)
     assert below is not None and below.number == 3 and below.start == 2
     assert tree.open == [len(tree.tokens) - 2]  # the beam had left the second branch

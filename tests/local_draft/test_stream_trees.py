@@ -118,15 +118,16 @@ def test_branches_that_cost_a_pass_each_draft_chains():
 
 def test_the_widest_tree_that_pays_is_drafted_and_a_sure_drafter_makes_it_cheap():
     """Among the widths whose trees beat the chain by TREE_MARGIN in the model, the widest is drafted
-    (the model leaves out the round trip a miss costs, which a wider tree saves); a level is priced by
+    (the round trip a miss costs is in the model; the miss's other price, a tree's alternatives grown
+    too shallow to carry the stream, is not); a level is priced by
     the leaves it wanted to grow, so where the drafter was sure (one leaf a level) a wide tree's level
     costs a chain's, and where it wanted all eight, eight branches' batch."""
     from local_draft.stream_controller import TREE_MARGIN
 
     controller = StreamController(curve=SEVENTY_B, colocated=False, trees=True, batch_cost=dict(CUDA_BATCH))
     controller.observe_guess_time(0.0026)
-    chain = controller.gain(1)
-    paying = [w for w in (2, 4, 8) if controller.gain(w) >= chain * TREE_MARGIN]
+    chain = controller.gain(1, stream=True)
+    paying = [w for w in (2, 4, 8) if controller.gain(w, stream=True) >= chain * TREE_MARGIN]
     assert paying and controller.choose_width() == max(paying)
     for _ in range(50):
         controller.observe_level(1)
@@ -137,6 +138,92 @@ def test_the_widest_tree_that_pays_is_drafted_and_a_sure_drafter_makes_it_cheap(
     assert controller.level_cost(8) == pytest.approx(CUDA_BATCH[8], rel=0.01)
     assert controller.gain(8) < sure  # eight branches a level: the tree reaches less deep in a pass
     assert controller.level_cost(2) == pytest.approx(CUDA_BATCH[2], rel=0.01)  # never more than its width
+
+
+def test_a_miss_costs_a_round_trip_of_passes_alone_which_a_tree_saves():
+    """The width is chosen counting the passes the service runs alone after a miss (a round trip of
+    them): where one pass's tokens say a chain (every tree under TREE_MARGIN), a miss's round trip says
+    a tree, the more so the farther the service; a drafter sure of its guesses still drafts chains."""
+    from local_draft.stream_controller import TREE_MARGIN
+
+    def controller(rtt_s: float, right: int, tested: int, then_right: int = 0) -> StreamController:
+        made = StreamController(curve=SEVENTY_B, colocated=False, trees=True, batch_cost=dict(CUDA_BATCH))
+        made.observe_guess_time(0.0026)
+        made.observe_wire(rtt_s)
+        for _ in range(30):
+            made.observe_guesses(right, tested)
+        made.observe_guesses(then_right, then_right)
+        return made
+
+    near, far = controller(0.014, 9, 10), controller(0.100, 9, 10)
+    a = near.steady_acceptance  # about 0.9: what the width is chosen by
+    assert a == pytest.approx(0.9, abs=0.02) and far.steady_acceptance == pytest.approx(a)
+    assert near.blind_passes(0.0186) == pytest.approx((0.014 + 0.0026) / 0.0186 + 0.5)
+    assert far.blind_passes(0.0186) > 5
+    assert all(near.gain(w, a) < near.gain(1, a) * TREE_MARGIN for w in (2, 4, 8))  # one pass: a chain
+    assert near.modelled_width() > 1 and far.modelled_width() > 1
+
+    def tree_over_chain(made: StreamController) -> float:
+        return made.gain(8, a, stream=True) / made.gain(1, a, stream=True)
+
+    assert tree_over_chain(far) > tree_over_chain(near)  # the farther the service, the more a tree saves
+    assert controller(0.014, 20, 20).modelled_width() == 1  # a miss is rare: the chain's deeper reach wins
+    # the width goes by the last fifty guesses, not the last seven: a run of right guesses since the
+    # last miss (the last seven read 0.995) leaves the tree a tree
+    after_a_run = controller(0.014, 9, 10, then_right=12)
+    assert after_a_run.acceptance > 0.97 and after_a_run.steady_acceptance < 0.93
+    assert after_a_run.modelled_width() > 1
+
+
+def test_a_tree_the_drafter_cannot_keep_ahead_of_the_stream_or_that_ends_at_leaves_is_worth_less():
+    """A pass keeps at most the levels drafted during one (the stream's own token takes a level too):
+    with Apple's batch cost (4 sequences 2.1 steps, 8 about 3.6) and a drafter that wants 8 leaves a
+    level, a tree of 8 reaches less than a level a pass and gains nothing, so the tree narrows: to two
+    branches at most where the drafter misses often, to a chain where it does not; and a tree whose
+    caught misses were left leaves (the stream's guesses end there as at a miss) is worth less than
+    one that went on below them."""
+    apple = {1: 1.0, 2: 1.37, 4: 2.1, 8: 3.57}  # benchmarks/emulation/profiles/apple-m5-0.5b.toml
+    for right in (1, 3, 9):
+        metal = StreamController(curve=SEVENTY_B, colocated=False, trees=True, batch_cost=dict(apple))
+        metal.observe_guess_time(0.0051)
+        metal.observe_wire(0.014)
+        for _ in range(30):
+            metal.observe_guesses(right, right + 1)
+        for _ in range(30):  # then trees, whose levels wanted 8 leaves
+            metal.observe_level(8)
+        assert metal.gain(8, stream=True) == pytest.approx(1.0, abs=0.02)
+        assert metal.modelled_width() <= (2 if right < 9 else 1)
+
+    def tree_that_carried(carried: int) -> StreamController:
+        made = StreamController(curve=SEVENTY_B, colocated=False, trees=True, batch_cost=dict(CUDA_BATCH))
+        made.observe_guess_time(0.0026)
+        made.observe_wire(0.014)
+        for _ in range(30):
+            made.observe_tree_levels(first_right=3, alternate_right=1, tested=4, width=8, carried=carried)
+        return made
+
+    went_on, left = tree_that_carried(1), tree_that_carried(0)
+    assert went_on.carried_share > 0.95 and left.carried_share < 0.05
+    assert left.gain(8, stream=True) < went_on.gain(8, stream=True) * 0.95
+    assert left.gain(1, stream=True) == pytest.approx(went_on.gain(1, stream=True))  # a chain has no alternatives
+
+
+def test_a_chains_guesses_say_what_a_trees_level_would_cost():
+    """While chains are drafted no tree measures what its levels want: a chain's right guesses count as
+    one leaf (the drafter was sure), its misses as every branch, so a tree's level priced after prose
+    (many leaves) comes down on code drafted as chains, and the tree is tried again."""
+    controller = StreamController(curve=SEVENTY_B, colocated=False, trees=True, batch_cost=dict(CUDA_BATCH))
+    controller.observe_guess_time(0.0026)
+    controller.observe_wire(0.014)
+    for _ in range(30):  # prose: trees whose levels wanted 30 leaves
+        controller.observe_level(30)
+    assert controller.level_cost(8) == pytest.approx(CUDA_BATCH[8], rel=0.01)
+    for _ in range(10):  # code, drafted as chains: one miss in twenty
+        controller.observe_guesses(19, 20)
+    assert controller.level_cost(8) < 1.15  # against 1.6
+    for _ in range(10):  # prose again: every other guess wrong
+        controller.observe_guesses(1, 2)
+    assert controller.level_cost(8) > 1.3
 
 
 def test_a_pinned_width_is_kept_where_trees_are_verified_and_chains_elsewhere():
