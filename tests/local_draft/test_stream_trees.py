@@ -221,6 +221,7 @@ def test_a_chains_guesses_say_what_a_trees_level_would_cost():
     for _ in range(10):  # code, drafted as chains: one miss in twenty
         controller.observe_guesses(19, 20)
     assert controller.level_cost(8) < 1.15  # against 1.6
+    assert controller.modelled_width() == 8  # and the tree is drafted again
     for _ in range(10):  # prose again: every other guess wrong
         controller.observe_guesses(1, 2)
     assert controller.level_cost(8) > 1.3
