@@ -307,15 +307,15 @@ class StreamController:
         # is sure, one: a tree of 8 priced at 8 nodes a level, a pass of 65 costing 1.27 one, drafted
         # chains on code where trees of 8 made 10% more), else the width
         nodes = (self._leaves(width) if width > 1 else 1.0) if stream else float(width)
+        reread_s = guess_s * self.reread_cost(width) if guess_s else 0.0  # what a frame costs a tree's drafter
         best = 1.0
         for b in range(1, self.longest_block() + 1):
             cost = self.seconds(1 + b * nodes) * self.interference
             if cost <= 0:  # a curve that says a pass costs nothing says nothing a gain can be read from
                 return math.inf
             # levels the drafter can have ready in a pass, a tree's less what a frame costs it
-            drafting_s = cost - (guess_s * self.reread_cost(width) if guess_s else 0.0)
-            found = b if not level_s else min(b, max(0.0, drafting_s) / level_s)
-            whole = int(found)  # levels reached with certainty of having been drafted, and a part of one more
+            found = b if not level_s else min(b, max(0.0, cost - reread_s) / level_s)
+            whole = int(found)  # the whole levels drafted in a pass, and a part of one more
             kept = (1.0 + kept_at * sum(survive ** i for i in range(whole))
                     + (found % 1) * kept_at * survive ** whole)
             if stream and level_s:
