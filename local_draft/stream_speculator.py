@@ -155,6 +155,7 @@ class StreamSpeculator:
         self._seq = 0
         self._chains = 0
         self._trees = False  # this stream may guess trees (_consider_trees)
+        self._blind: int | None = None  # passes without a guess since the last miss (None: not counting)
         self._mixed_right = {"model": [0.7, 1.0], "ngram": [0.5, 1.0]}  # decayed right / tested, by source
 
     # ---- settings -----------------------------------------------------------------------
@@ -251,6 +252,7 @@ class StreamSpeculator:
         self.controller.colocated = client.on_this_machine if self.colocated is None else self.colocated
         self.controller.drafter_share = self._drafter_share() if self.controller.colocated else 0.0
         self.controller.new_reply()
+        self._blind = None  # a new stream: its first passes wait for the prompt, not for a miss
         can_draft = "drafts" in client.welcome.capabilities and (self.draft is not None or self.ngram is not None)
         # Beside a service on this machine the drafter reads nothing during the prompt's pass: it
         # would take the cores that pass runs on (the first token would come later).
@@ -383,6 +385,7 @@ class StreamSpeculator:
             if tested:
                 self.controller.observe_guesses(right, tested)
                 self._score_sources(chain, right, tested)
+        self._count_blind(frame.drafted, tested > right)
         history += tokens
         new += tokens
         if self.logprobs >= 0:
@@ -404,6 +407,18 @@ class StreamSpeculator:
         if rest.sent < 0:  # guessed right, but not all of it had gone out: the service's copy ends short
             rest.number, rest.sent = self._next_chain_number(), 0
         return rest
+
+    def _count_blind(self, drafted: int, missed: bool) -> None:
+        """Count the passes that verified no guess after a miss, until one does: what a miss costs the
+        stream, which the controller weighs a tree's width by (`observe_blind`)."""
+        if self._blind is not None:
+            if drafted:
+                self.controller.observe_blind(self._blind)
+                self._blind = None
+            else:
+                self._blind += 1
+        if missed:
+            self._blind = 0
 
     def _new_chain(self, start: int) -> GuessChain | DraftTree:
         """Empty guesses after `start`: a tree where one pays now (the controller's width), else a chain."""

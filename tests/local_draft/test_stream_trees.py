@@ -227,6 +227,28 @@ def test_a_chains_guesses_say_what_a_trees_level_would_cost():
     assert controller.level_cost(8) > 1.3
 
 
+def test_the_passes_a_miss_costs_are_counted_and_weigh_the_width():
+    """After a miss the client counts the frames whose pass verified no guess until one did; the
+    controller weighs a tree by that count once it has one (before, by the round trip): where the
+    stream ran two such passes a miss and the round trip says 1.4, a tree saves more."""
+    from types import SimpleNamespace
+
+    controller = StreamController(curve=SEVENTY_B, colocated=False, trees=True, batch_cost=dict(CUDA_BATCH))
+    controller.observe_guess_time(0.0026)
+    controller.observe_wire(0.014)
+    for _ in range(30):
+        controller.observe_guesses(9, 10)
+    a = controller.steady_acceptance
+    assert controller.blind_passes(0.0186) == pytest.approx((0.014 + 0.0026) / 0.0186 + 0.5)
+    before = controller.gain(8, a, stream=True) / controller.gain(1, a, stream=True)
+    client = SimpleNamespace(_blind=None, controller=controller)
+    for _ in range(20):  # a pass that found a miss, two that verified nothing, then guesses again
+        for drafted, missed in ((3, True), (0, False), (0, False), (4, False)):
+            StreamSpeculator._count_blind(client, drafted, missed)
+    assert controller.blind_passes(0.0186) == pytest.approx(2.0)
+    assert controller.gain(8, a, stream=True) / controller.gain(1, a, stream=True) > before
+
+
 def test_a_pinned_width_is_kept_where_trees_are_verified_and_chains_elsewhere():
     """A width fixed from outside (`benchmarks.load --modes trees4`) holds even where the costs
     favour chains (Metal's branches), and gives way to chains where the service verifies none."""
