@@ -53,6 +53,14 @@ BATCH_COST_REPEATS = 3  # each width's cost is the least of this many decodes (a
 BRANCH_CHOICES = 8
 
 
+
+def committed_reach(path: Sequence[int], committed: Sequence[int]) -> int:
+    """How many of the committed tokens, but the newest (whose logits the next guesses need, so it is
+    decoded again), a branch that decoded `path` holds: their common prefix."""
+    limit = min(len(path), len(committed) - 1)
+    return next((i for i in range(limit) if path[i] != committed[i]), limit)
+
+
 class DraftModelError(RuntimeError):
     """The draft model cannot be loaded or cannot go on (file missing, context full)."""
 
@@ -296,7 +304,7 @@ class DraftModel:
         k = len(committed)
         reach, source = 0, 0  # the longest committed prefix (but the newest) a branch holds, and its sequence
         for path, seq in self._branch_seq.items():
-            common = next((i for i, (a, b) in enumerate(zip(path, committed[:-1])) if a != b), min(len(path), k - 1))
+            common = committed_reach(path, committed)
             if common > reach:
                 reach, source = common, seq
         if k - reach > MAX_FRESH_TOKENS:

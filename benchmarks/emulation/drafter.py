@@ -27,7 +27,8 @@ import numpy as np
 from benchmarks.emulation.profiles import DrafterProfile
 from benchmarks.emulation.recording import Recording
 from benchmarks.emulation.target import ReplayError
-from local_draft.draft_model import BATCH_COST_WIDTHS, CATCH_UP_PIECE, MAX_FRESH_TOKENS, DraftModel, DraftModelError
+from local_draft.draft_model import (BATCH_COST_WIDTHS, CATCH_UP_PIECE, MAX_FRESH_TOKENS, DraftModel, DraftModelError,
+                                     committed_reach)
 from wire.protocol import Hello, SamplingParams, SparseDist
 
 
@@ -250,8 +251,7 @@ class EmulatedDraft:
         committed = tuple(context[len(base):])
         if not committed:
             return 0
-        reach = max((next((i for i, (a, b) in enumerate(zip(path, committed[:-1])) if a != b),
-                          min(len(path), len(committed) - 1)) for path in self._branch_paths), default=0)
+        reach = max((committed_reach(path, committed) for path in self._branch_paths), default=0)
         if len(committed) - reach > MAX_FRESH_TOKENS:
             self._branch_base, self._branch_paths = None, set()
             return None
