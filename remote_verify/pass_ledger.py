@@ -8,8 +8,14 @@ time a plain stream made r. Its ledger keeps the difference, made - r, as a deca
 (MEMORY per pass: about fifty passes): positive, it is ahead of a plain stream; negative, behind.
 
 Before a pass is formed, each member's room is how much more than the plain pass it may
-cost: its ledger plus SLACK_TOKENS (banked gains count up to BANK_TOKENS, so a member far ahead
-does not lend everyone long passes). A block of guesses is taken only if the pass stays within
+cost: its ledger plus SLACK_TOKENS. Gains are banked up to BANK_TOKENS and no further: a member far
+ahead lends long passes for a few passes at most, and one whose reply drafted well a while ago is not
+counted ahead through a stretch that drafts badly. (Kept whole, a code reply's gains, three and four
+tokens a pass, stood at a hundred and more: the emulated 32B target at 32 users ran passes twice the
+plain pass's cost through the next reply's prose, where its owner made 1.4 tokens a pass, and its
+slowest user made 0.85x server-only's slowest. Banked to 2 tokens, 0.95x, but the 70B at 32 users
+lost a tenth of its aggregate: some member was always just behind, and held every pass to it.)
+A block of guesses is taken only if the pass stays within
 every other member's room and within its own room plus what its own guesses expect to gain
 (remote_verify/stream_drafts.py `best_block`). In steady state a member's ledger stays above
 -SLACK_TOKENS, so it loses at most ALLOWANCE + (1 - MEMORY) x SLACK_TOKENS tokens a pass against
@@ -37,7 +43,7 @@ SLACK_TOKENS = 1.0  # the deficit a member may run: (1 - MEMORY) x this a pass a
 # to 2% alone, the emulated 70B target at 32 users made 1.31x server-only's aggregate where the
 # pass's goodput alone made 1.52x (one run each, side by side), its slowest user no faster.
 ALLOWANCE = 0.03
-BANK_TOKENS = 2.0  # gains counted towards a member's room at most
+BANK_TOKENS = 6.0  # gains banked at most: about ten passes twice the plain one's cost, at 1.4 tokens a pass
 FIRST_TOKEN_ROOM = SLACK_TOKENS  # a reply's first member starts even: its pass costs at most 2x the plain one
 
 
@@ -51,11 +57,12 @@ class PassLedger:
         """How much more than the plain pass (r - 1) `session` lets a pass cost before its own guesses."""
         if starting:
             return FIRST_TOKEN_ROOM
-        return min(self._owed.get(session, 0.0), BANK_TOKENS) + SLACK_TOKENS
+        return self._owed.get(session, 0.0) + SLACK_TOKENS
 
     def after_pass(self, session: Hashable, made: float, ratio: float) -> None:
         """A pass that cost `ratio` times its plain pass, in which `session` made `made` tokens."""
-        self._owed[session] = self._owed.get(session, 0.0) * MEMORY + made - ratio + ALLOWANCE
+        owed = self._owed.get(session, 0.0) * MEMORY + made - ratio + ALLOWANCE
+        self._owed[session] = min(owed, BANK_TOKENS)
 
     def owed(self, session: Hashable) -> float:
         return self._owed.get(session, 0.0)

@@ -55,10 +55,12 @@ def guessing_stream(backend, costs: PassCosts) -> tuple[Session, object]:
     return session, session.stream_work(drafts, room=100, costs=costs)  # priced by the queue's curve
 
 
-def one_shared_pass(backend, fair: bool, other: str, behind: bool, costs: PassCosts | None = None) -> tuple[int, int]:
+def one_shared_pass(backend, fair: bool, other: str, behind: bool, costs: PassCosts | None = None,
+                    banked: int = 0, behind_passes: int = 3) -> tuple[int, int]:
     """(tokens the shared pass fed, the tokens its members had to feed) for the guessing stream and
     `other` ("plain": a stream one token in, no guesses; "first": a reply's prompt and first token),
-    on the queue's cost curve `costs` (a compute-bound device's by default)."""
+    on the queue's cost curve `costs` (a compute-bound device's by default); `banked`: passes in which the
+    plain stream made five tokens where the plain pass would have made one, before it fell behind."""
     costs = costs if costs is not None else compute_bound()
     queue = DeviceQueue("fair-test", costs=costs)
     queue.fair = fair
@@ -69,8 +71,10 @@ def one_shared_pass(backend, fair: bool, other: str, behind: bool, costs: PassCo
         plain.generate_step()
     work = plain.stream_work()
     mandatory = guessing.tokens() + work.tokens()
+    for _ in range(banked):  # a reply that drafted well, some time before
+        queue.ledger.after_pass("plain", 5.0, 1.2)
     if behind:  # the plain stream already paid for guesses in earlier passes: its ledger is spent
-        for _ in range(3):
+        for _ in range(behind_passes):
             queue.ledger.after_pass("plain", 1.0, 1.0 + SLACK_TOKENS)
     gate = threading.Event()
 
@@ -105,6 +109,15 @@ def test_guesses_take_only_what_the_other_members_ledgers_allow(backend):
     assert fed == mandatory
     fed_unfair, mandatory = one_shared_pass(backend, fair=False, other="plain", behind=True)
     assert fed_unfair > mandatory  # planted: the goodput objective alone makes the plain stream pay
+
+
+def test_gains_banked_in_an_earlier_reply_do_not_hide_a_member_falling_behind_now(backend):
+    """Two hundred passes ahead (a reply that drafted well), then ten passes behind (the next reply's
+    text drafts badly, and others' guesses made its passes twice as long): it is behind now, and lets no
+    guess slow its pass. Kept whole (planted: no cap on what is banked), those gains would stand at about
+    a hundred and ninety and lend every pass its full room for a hundred passes more."""
+    fed, mandatory = one_shared_pass(backend, fair=True, other="plain", behind=True, banked=200, behind_passes=10)
+    assert fed == mandatory
 
 
 def test_a_fresh_member_lets_guesses_cost_its_slack_at_most(backend):
