@@ -58,7 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "and bfloat16 on a GPU")
     serve.add_argument("--batch-tokens", type=int, default=int(env("SPECWIRE_BATCH_TOKENS", BATCH_TOKENS)),
                        metavar="N", help="run the waiting sessions' rounds (one each, in turn) as one forward "
-                       "pass of up to N tokens; 0 runs one session's round a pass (default: %(default)s)")
+                       "pass of up to N tokens, or 4 a member where that is more (over 64 members at the default); 0 runs "
+                       "one session's round a pass (default: %(default)s)")
     serve.add_argument("--no-batch", dest="batch_tokens", action="store_const", const=0,
                        help="one session's round a pass: the same as --batch-tokens 0")
     serve.add_argument("--fair-passes", action=argparse.BooleanOptionalAction,

@@ -33,7 +33,9 @@ with a new reply, whose prompt waited for it to catch up).
 Shared passes: an item that is a `Shareable` (a verify round, a server-only stream's next
 token) may run in one forward pass with the next item of every other waiting session, at
 most one item per session (so the round-robin order is kept: each member goes to the back
-of the line) and up to `batch_tokens` tokens fed in all. The session whose turn it is always
+of the line) and up to `batch_tokens` tokens fed in all, or `member_tokens` a member where that is more
+(a pass of many members: a budget fixed whatever the members leaves each fewer guesses as they come,
+where a GPU is least idle). The session whose turn it is always
 runs, whatever its size; another joins only if its block fits what is left of the budget.
 Any other item (loading the model, allocating or freeing a cache, a Sync) runs alone.
 Each member is planned (checked, its feed built) before the pass and finished (acceptance,
@@ -78,7 +80,7 @@ from remote_verify.device_priority import lower_this_thread
 from remote_verify.pass_costs import PassCosts
 from remote_verify.pass_ledger import PassLedger
 from remote_verify.stream_drafts import PassSoFar
-from wire.limits import BATCH_TOKENS
+from wire.limits import BATCH_TOKENS, MEMBER_TOKENS
 
 log = logging.getLogger(__name__)
 
@@ -201,11 +203,12 @@ class QueueClosed(RuntimeError):
 
 class DeviceQueue:
     def __init__(self, name: str = "target", batch_tokens: int = BATCH_TOKENS, costs: PassCosts | None = None,
-                 nice: int = 0):
+                 nice: int = 0, member_tokens: int = MEMBER_TOKENS):
         if batch_tokens < 0:
             raise ValueError(f"batch_tokens must be 0 (no shared passes) or more, got {batch_tokens}")
         self.name = name
         self.batch_tokens = batch_tokens
+        self.member_tokens = member_tokens  # a pass of many members may feed this many a member (`budget`)
         self.nice = nice  # the worker thread yields the CPU this much to the event loop (device_priority.py)
         self.passes = 0  # forward passes run for Shareable items (shared or alone)
         self.shared_items = 0  # Shareable items run, in all
@@ -229,6 +232,11 @@ class DeviceQueue:
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name=f"{name}-worker", daemon=True)
         self._thread.start()
+
+    def budget(self, members: int) -> int:
+        """Tokens a shared pass of `members` may feed: `batch_tokens`, or `member_tokens` a member where that
+        is more (0: passes are not shared)."""
+        return max(self.batch_tokens, self.member_tokens * members) if self.batch_tokens else 0
 
     @property
     def depth(self) -> int:
@@ -323,13 +331,14 @@ class DeviceQueue:
             work = first.work
             self._charged[session] += self._charge(self._size(work)) if isinstance(work, Shareable) else 1
             if self.batch_tokens and isinstance(work, Shareable) and hasattr(work.backend, "forward_many"):
-                left = self.batch_tokens - self._size(work)
+                joinable = sum(1 for each in line if _shares_with(self._waiting[each][0].work, work))
+                left = self.budget(1 + joinable) - self._size(work)
                 piece = None  # the turn's prefill piece limit, priced when a second member is considered
                 for session in line:
                     if left <= 0:
                         break
                     head = self._waiting[session][0].work
-                    if not isinstance(head, Shareable) or head.backend is not work.backend:
+                    if not _shares_with(head, work):
                         continue  # it keeps its place in line and runs in its own turn
                     size = self._size(head)
                     if piece is None:
@@ -577,7 +586,7 @@ class DeviceQueue:
         started = time.perf_counter()
         members: list[tuple[_Item, Planned]] = []
         item = planned = error = results = result = value = forward_s = None
-        budget = self.batch_tokens or float("inf")
+        budget = self.budget(len(items)) or float("inf")
         # what the members must feed (their last tokens) comes first; the rest of the budget is
         # shared out evenly, so that the members planned first cannot take every guess's place
         if self.fair:  # the members furthest behind plan first: their own guesses count before others' are bounded
@@ -681,6 +690,11 @@ class DeviceQueue:
                 item.loop.call_soon_threadsafe(_settle, item.future, result, error, queued_s)
         except RuntimeError:  # the event loop has already closed: nobody is waiting
             log.debug("dropped a result for a closed event loop")
+
+
+def _shares_with(head: Any, work: Shareable) -> bool:
+    """Whether a waiting session's next item may join `work`'s pass (a Shareable on the same backend)."""
+    return isinstance(head, Shareable) and head.backend is work.backend
 
 
 def _starting(work: Shareable) -> bool:

@@ -66,6 +66,12 @@ class ServiceLimits:
 # (5 tokens each) with room for longer blocks, and bounds how long one shared pass (hence every
 # member's round trip) can grow on a CPU, where a pass costs about its tokens.
 BATCH_TOKENS = 256
+# ... or MEMBER_TOKENS a member, where that is more: a pass of more than 64 members. A budget fixed
+# whatever the members left each fewer guesses as they came (one at 128 streams, none at 256), where
+# a GPU is least idle: the emulated 70B on 2x H100 at the service level (30 tokens/s a user) served
+# 1.40x the users server-only did, and at most 1.63x with any scheduling, by its own cost curve and
+# the default pair's acceptance (docs/results.md). Four a member is a chain of three guesses each.
+MEMBER_TOKENS = 4
 
 # Bounds on the lists of one request that no service setting changes. A service refuses a
 # longer list while decoding, from the list's length header, before it builds a single

@@ -195,8 +195,22 @@ def test_a_pass_keeps_to_its_token_budget(recorder):
             ("b", shareable(recorder, c["b"], "b", [5, 6, 7, 8, 9])),
             ("c", shareable(recorder, c["c"], "c", [5, 6, 7, 8, 9])),
             ("d", shareable(recorder, c["d"], "d", [3, 4, 5]))]
-    run_held(DeviceQueue("test", batch_tokens=8), jobs)
+    run_held(DeviceQueue("test", batch_tokens=8, member_tokens=0), jobs)
     assert recorder.passes == [[("a", 12)], [("b", 5), ("d", 3)], [("c", 5)]]
+
+
+def test_a_pass_of_many_members_may_feed_its_tokens_a_member(recorder):
+    """batch_tokens=8 and member_tokens=3: four sessions of three tokens share one pass of 12 (8 alone
+    held two of them); two sessions of five are held to 8, one a pass, as without it."""
+    c = recorder.caches
+    jobs = [(name, shareable(recorder, c[name], name, [5, 6, 7])) for name in "abcd"]
+    run_held(DeviceQueue("test", batch_tokens=8, member_tokens=3), jobs)
+    assert recorder.passes == [[("a", 3), ("b", 3), ("c", 3), ("d", 3)]]
+
+    recorder.passes.clear()
+    jobs = [(name, shareable(recorder, c[name], name, [5, 6, 7, 8, 9])) for name in "ab"]
+    run_held(DeviceQueue("test", batch_tokens=8, member_tokens=3), jobs)
+    assert recorder.passes == [[("a", 5)], [("b", 5)]]
 
 
 def test_a_refusal_or_a_failed_pass_stays_with_its_session(recorder, llamacpp_target):
