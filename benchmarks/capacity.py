@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.load --emulate PROFILE [--drafter laptop-gpu-0.5b] [--rtt-ms 14]
         [--users 1,4,16,32,64] [--modes default,chain,server] [--kinds code,chat,prose,repeat] [--max-tokens 96]
-        [--seconds 3] [--time-scale F] [--json FILE]
+        [--seconds 3] [--time-scale F] [--reply-every S] [--json FILE]
     .venv/bin/python -m benchmarks.load --emulate list      # the profiles, one a line
 
 The service is the product's (remote_verify/server.py, its scheduler sharing passes between
@@ -16,11 +16,21 @@ in step, every prompt arriving with every other's), and each makes replies of `-
 tokens, prompt after prompt from its own place in the set, for `--seconds` (emulated); every
 reply finished is checked against the target's recorded path.
 
+`--reply-every S` paces each user: a reply begins S emulated seconds after its last began (or when
+it ends, if later), so that every mode is asked the same replies at the same times. Without it a
+user asks its next prompt the moment a reply ends: a mode that finishes replies sooner is asked
+more prompts in the window, and their prompts' prefills take device time the other mode never
+spent (the emulated 32B at 64 users, a 15-second window: the default mode began 116 replies,
+server-only 64), so a user's tokens in the window compare two different loads. Paced, each user's
+speed over its own replies (tokens over their time from request to last token, first token
+included) compares one load.
+
 `chain` is the default mode with trees off: the chains it drafts where trees do not pay, for
 comparing the two shapes where they do.
 
 Reported per (users, mode), over that window: the aggregate tokens/s (every user's tokens
-committed in the window), each user's tokens/s at p50 and p99 (the slowest 1%), the time to
+committed in the window), each user's tokens/s at p50 and p99 (the slowest 1%), the slowest
+user's tokens/s over its replies begun in the window (`reply_rates`), the time to
 the first token at p50 and p99 over the replies started in it (not the first wave, every
 user's prompt read at once; their count beside them), how many users got 20 tokens/s
 or more, the target's passes per token and tokens per pass, the guesses (tree nodes) a pass
@@ -76,6 +86,13 @@ class UserRecord:
     width: int = 1  # the tree's branches the controller chose last (1: a chain)
     replies: list[tuple[int, float, int]] = field(default_factory=list)  # (reply number, wall s, tokens), finished
 
+    def reply_rate(self) -> float | None:
+        """Tokens over wall seconds of its finished replies begun in the window (None: none)."""
+        began = set(self.first_token_replies)
+        walls = [(wall, tokens) for k, wall, tokens in self.replies if k in began]
+        wall = sum(w for w, _ in walls)
+        return sum(t for _, t in walls) / wall if wall > 0 else None
+
     def add_depths(self, stats) -> None:
         self.drafting_passes += stats.drafted_per_position[0] if stats.drafted_per_position else 0
         self.accepted_at.extend([0] * (len(stats.accepted_per_position) - len(self.accepted_at)))
@@ -127,6 +144,10 @@ class WaveRecord:
     # every first token of a reply begun in the window as (user, reply number, s): the same prompts in two
     # modes (`same_first_tokens`)
     first_token_by_reply: list[tuple[int, int, float]] = field(default_factory=list)
+    # each user's tokens/s over its finished replies begun in the window (request to last token), slowest
+    # first: a user's speed as it waits for its replies, whatever else the window held (`--reply-every`)
+    reply_rates: list[float] = field(default_factory=list)
+    pace_s: float = 0.0  # --reply-every (emulated s; 0: a user asks its next prompt when a reply ends)
 
 
 def prompt_set(recording: Recording, kinds: list[str]) -> list:
@@ -153,7 +174,8 @@ def _generator(mode: str, draft: EmulatedDraft, client, params: SamplingParams):
 
 
 def _user(index: int, mode: str, url: str, draft: EmulatedDraft, entries: list, max_tokens: int,
-          start: threading.Barrier, window: list[float], record: UserRecord, stagger_s: float = 0.0) -> None:
+          start: threading.Barrier, window: list[float], record: UserRecord, stagger_s: float = 0.0,
+          pace_s: float = 0.0) -> None:
     from local_draft.verify_client import VerifyClient
 
     params = SamplingParams()
@@ -186,6 +208,8 @@ def _user(index: int, mode: str, url: str, draft: EmulatedDraft, entries: list, 
                 at = next((i for i, (a, b) in enumerate(zip(result.token_ids, expected)) if a != b),
                           min(len(result.token_ids), len(expected)))
                 record.differing.append(f"user {index}, {entry.text[:30]!r}: differs at token {at}")
+            if pace_s:  # the next reply is due pace_s after this one began, whenever this one ended
+                time.sleep(max(0.0, min(began + pace_s, window[1]) - time.perf_counter()))
     except threading.BrokenBarrierError:
         record.error = f"user {index}: another user failed before the start"
     except Exception as exc:  # reported, never raised from a thread
@@ -208,27 +232,28 @@ class _Count(logging.Handler):
 
 
 def run_wave(url: str, mode: str, users: int, drafts: list[EmulatedDraft], entries: list, max_tokens: int,
-             seconds: float, busy_seconds) -> tuple[list[UserRecord], tuple[float, float], float, int]:
-    """Every user generating for `seconds` (wall); returns their records, the window, the
-    device's busy seconds in it and the links the clients' ping watch cut."""
+             seconds: float, busy_seconds, pace_s: float = 0.0) -> tuple[list[UserRecord], tuple[float, float], float, int]:
+    """Every user generating for `seconds` (wall), a reply every `pace_s` (wall; 0: one after another);
+    returns their records, the window, the device's busy seconds in it and the links the clients' ping
+    watch cut."""
     cuts = _Count()
     watch_log = logging.getLogger("local_draft.ping_watch")
     watch_log.addHandler(cuts)
     try:
-        records, window, busy = _run_wave(url, mode, users, drafts, entries, max_tokens, seconds, busy_seconds)
+        records, window, busy = _run_wave(url, mode, users, drafts, entries, max_tokens, seconds, busy_seconds, pace_s)
     finally:
         watch_log.removeHandler(cuts)
     return records, window, busy, cuts.count
 
 
 def _run_wave(url: str, mode: str, users: int, drafts: list[EmulatedDraft], entries: list, max_tokens: int,
-              seconds: float, busy_seconds) -> tuple[list[UserRecord], tuple[float, float], float]:
+              seconds: float, busy_seconds, pace_s: float) -> tuple[list[UserRecord], tuple[float, float], float]:
     records = [UserRecord() for _ in range(users)]
     start = threading.Barrier(users + 1)
     window = [0.0, float("inf")]
     warm_up = seconds / 5
     threads = [threading.Thread(target=_user, args=(i, mode, url, drafts[i], entries, max_tokens, start, window,
-                                                    records[i], warm_up / 2 * i / users), daemon=True)
+                                                    records[i], warm_up / 2 * i / users, pace_s), daemon=True)
                for i in range(users)]
     for thread in threads:
         thread.start()
@@ -248,7 +273,7 @@ def _run_wave(url: str, mode: str, users: int, drafts: list[EmulatedDraft], entr
 
 
 def summarize(records: list[UserRecord], window: tuple[float, float], busy_s: float, users: int, mode: str,
-              rtt_ms: float, emulated: str, time_scale: float) -> WaveRecord:
+              rtt_ms: float, emulated: str, time_scale: float, pace_s: float = 0.0) -> WaveRecord:
     seconds = window[1] - window[0]
     rates = [r.tokens_in(*window) / seconds * time_scale for r in records]
     firsts = [s / time_scale for r in records for s in r.first_token_s]
@@ -258,6 +283,7 @@ def summarize(records: list[UserRecord], window: tuple[float, float], busy_s: fl
             for i in range(max((len(r.accepted_at) for r in records), default=0))]
     before = [sum(r.drafting_passes for r in records)] + kept[:-1]
     by_depth = [round(k / b, 3) if b else 0.0 for k, b in zip(kept, before)]
+    reply_rates = [rate * time_scale for r in records if (rate := r.reply_rate()) is not None]
     return WaveRecord(
         users=users, mode=mode, rtt_ms=rtt_ms, emulated=emulated, aggregate_tok_s=sum(rates),
         user_p50_tok_s=percentile(rates, 50), user_p99_tok_s=percentile(rates, 1), user_min_tok_s=min(rates, default=0.0),
@@ -272,7 +298,8 @@ def summarize(records: list[UserRecord], window: tuple[float, float], busy_s: fl
         first_tokens=len(firsts), user_rates=sorted(round(rate, 2) for rate in rates),
         replies=[(user, k, round(wall, 4), tokens) for user, r in enumerate(records) for k, wall, tokens in r.replies],
         first_token_by_reply=[(user, k, round(s / time_scale, 5)) for user, r in enumerate(records)
-                              for k, s in zip(r.first_token_replies, r.first_token_s)])
+                              for k, s in zip(r.first_token_replies, r.first_token_s)],
+        reply_rates=sorted(round(rate, 2) for rate in reply_rates), pace_s=pace_s)
 
 
 def same_replies(a: WaveRecord, b: WaveRecord) -> tuple[float, int] | None:
@@ -305,11 +332,13 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
                  modes: list[str], kinds: list[str], max_tokens: int, seconds: float, time_scale: float,
                  recording_path: Path = DEFAULT_RECORDING, vocab_path: Path | None = None,
                  on_record=None, thin_acceptance: float | None = None, level=None,
-                 on_served=None, fair: bool = True, batch_tokens: int | None = None) -> list[WaveRecord]:
+                 on_served=None, fair: bool = True, batch_tokens: int | None = None,
+                 pace_s: float = 0.0) -> list[WaveRecord]:
     """Every (round trip, users, mode) wave; `vocab_path`: the GGUF of the recording's vocabulary
     (default: the default pair's draft). With `level` (a service_level.ServiceLevel), instead, per
     round trip and mode, the users served at that level, by a search over user counts from the
-    first of `user_counts` up to its last (`on_served(rtt, mode, users)` is told each)."""
+    first of `user_counts` up to its last (`on_served(rtt, mode, users)` is told each). `pace_s`: a user's
+    replies begin that many emulated seconds apart (0: each when the last ends)."""
     from local_draft.draft_model import DraftModel
     from local_draft.verify_client import PING_TIMEOUT_S
     from models.registry import file_path, get_pair
@@ -347,14 +376,15 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
             def probe(users: int, mode: str) -> WaveRecord:
                 drafts = [EmulatedDraft(vocab, drafter, guessed, time_scale) for _ in range(users)]
                 records, window, busy, cut = run_wave(proxy.url, mode, users, drafts, entries, max_tokens,
-                                                      seconds * time_scale, lambda: _metric(url, BUSY))
+                                                      seconds * time_scale, lambda: _metric(url, BUSY),
+                                                      pace_s * time_scale)
                 label = target_profile if mode == "server" else f"{target_profile} + {drafter_profile}"
                 if not fair and mode != "server":
                     label += " (unfair passes)"
                 if thin_acceptance is not None and mode != "server":
                     label += f" (guesses thinned to {thin_acceptance:g})"
                 label = f"{label} (what-if)" if what_if else label
-                record = summarize(records, window, busy, users, mode, rtt, label, time_scale)
+                record = summarize(records, window, busy, users, mode, rtt, label, time_scale, pace_s)
                 record.links_cut = cut
                 if cut:
                     record.errors.insert(0, f"{cut} links cut as stalled by the clients' ping watch: this machine "
@@ -432,7 +462,10 @@ def print_records(records: list[WaveRecord]) -> None:
                   f"{r.users_at_20_tok_s} vs {server.users_at_20_tok_s}"
                   + (f", on the same {same[1]} replies x{same[0]:.2f}" if (same := same_replies(r, server)) else "")
                   + (f"; first token p99 on the same {firsts[2]} replies {firsts[0]:.3f} s against {firsts[1]:.3f}"
-                     if (firsts := same_first_tokens(r, server)) else ""))
+                     if (firsts := same_first_tokens(r, server)) else "")
+                  + (f"; the slowest user over its replies {r.reply_rates[0]:.1f} tok/s against "
+                     f"{server.reply_rates[0]:.1f} (x{r.reply_rates[0] / server.reply_rates[0]:.2f})"
+                     if r.reply_rates and server.reply_rates else ""))
     for r in records:
         for error in r.errors:
             print(f"  {r.users} {r.mode}: {error}")
@@ -484,6 +517,10 @@ def add_arguments(parser) -> None:
                        "(default 50: the median user; 0: every user, the slowest)")
     group.add_argument("--level-first-token-s", type=float, default=1.0,
                        help="with --capacity: the first token's p99 at most this, in s (default 1)")
+    group.add_argument("--reply-every", type=float, default=0.0, metavar="S",
+                       help="with --emulate: each user begins a reply S emulated seconds after its last began (when "
+                       "it ends, if later): every mode asked the same replies at the same times (default 0: the "
+                       "next prompt as soon as a reply ends)")
     group.add_argument("--time-scale", type=float, default=1.0,
                        help="with --emulate: every emulated duration this many times longer, rates reported back")
 
@@ -493,6 +530,8 @@ def main_emulated(args) -> None:
         for name in profile_names():
             print(name)
         return
+    if args.reply_every < 0:
+        raise SystemExit(f"--reply-every is the emulated seconds between a user's replies, 0 or more; got {args.reply_every:g}")
     if not 0 <= args.level_users <= 100:
         raise SystemExit(f"--level-users is a percentile of the users, 0 (every user) to 100; got {args.level_users:g}")
     level = service_level.ServiceLevel(args.level_tok_s, args.level_first_token_s, args.level_users) \
@@ -505,11 +544,12 @@ def main_emulated(args) -> None:
                            on_record=lambda r: print(f"  {r.rtt_ms:g} ms {r.users} users {r.mode}: "
                                                      f"{r.aggregate_tok_s:.1f} tok/s aggregate, user p50 "
                                                      f"{r.user_p50_tok_s:.1f}, slowest user "
-                                                     f"{r.user_min_tok_s:.1f}, first token p99 "
+                                                     f"{r.user_min_tok_s:.1f}, slowest over its replies "
+                                                     f"{r.reply_rates[0] if r.reply_rates else 0:.1f}, first token p99 "
                                                      f"{first_token_said(r)} (emulated)", flush=True),
                            thin_acceptance=args.thin_acceptance, level=level,
                            on_served=lambda rtt, mode, n: served.append((rtt, mode, n)), fair=args.fair_passes,
-                           batch_tokens=args.batch_tokens)
+                           batch_tokens=args.batch_tokens, pace_s=args.reply_every)
     print_records(records)
     if level is not None:
         print_served(args.emulate, served, level, users[-1])
