@@ -16,8 +16,8 @@ in step, every prompt arriving with every other's), and each makes replies of `-
 tokens, prompt after prompt from its own place in the set, for `--seconds` (emulated); every
 reply finished is checked against the target's recorded path.
 
-`--reply-every S` paces each user: a reply begins S emulated seconds after its last began (or when
-it ends, if later), so that every mode is asked the same replies at the same times. Without it a
+`--reply-every S` paces each user: users arrive spread over S emulated seconds (the warm-up is at
+least S), and a reply begins S seconds after the user's last began (or when it ends, if later), so that every mode is asked the same replies at the same times. Without it a
 user asks its next prompt the moment a reply ends: a mode that finishes replies sooner is asked
 more prompts in the window, and their prompts' prefills take device time the other mode never
 spent (the emulated 32B at 64 users, a 15-second window: the default mode began 116 replies,
@@ -251,9 +251,12 @@ def _run_wave(url: str, mode: str, users: int, drafts: list[EmulatedDraft], entr
     records = [UserRecord() for _ in range(users)]
     start = threading.Barrier(users + 1)
     window = [0.0, float("inf")]
-    warm_up = seconds / 5
+    # paced, users arrive spread over one pace (spread over less, every pace brings them back in a herd: the
+    # emulated 32B's 64 prompts in two seconds of every ten), and all have begun by the window
+    warm_up = max(seconds / 5, pace_s)
+    spread = pace_s or warm_up / 2
     threads = [threading.Thread(target=_user, args=(i, mode, url, drafts[i], entries, max_tokens, start, window,
-                                                    records[i], warm_up / 2 * i / users, pace_s), daemon=True)
+                                                    records[i], spread * i / users, pace_s), daemon=True)
                for i in range(users)]
     for thread in threads:
         thread.start()
