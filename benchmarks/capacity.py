@@ -17,13 +17,13 @@ tokens, prompt after prompt from its own place in the set, for `--seconds` (emul
 reply finished is checked against the target's recorded path.
 
 `--reply-every S` paces each user: users arrive spread over S emulated seconds (the warm-up is at
-least S), and a reply begins S seconds after the user's last began (or when it ends, if later), so that every mode is asked the same replies at the same times. Without it a
-user asks its next prompt the moment a reply ends: a mode that finishes replies sooner is asked
-more prompts in the window, and their prompts' prefills take device time the other mode never
-spent (the emulated 32B at 64 users, a 15-second window: the default mode began 116 replies,
-server-only 64), so a user's tokens in the window compare two different loads. Paced, each user's
-speed over its own replies (tokens over their time from request to last token, first token
-included) compares one load.
+least S), and a reply begins S seconds after the user's last began (or when it ends, if later), so
+that every mode is asked the same replies at the same times. Without it a user asks its next prompt
+the moment a reply ends: a mode that finishes replies sooner is asked more prompts in the window,
+and their prompts' prefills take device time the other mode never spent (the emulated 32B at 64
+users, a 15-second window: the default mode began 116 replies, server-only 64), so a user's tokens
+in the window compare two different loads. Paced, each user's speed over its own replies (tokens
+over their time from request to last token, first token included) compares one load.
 
 `chain` is the default mode with trees off: the chains it drafts where trees do not pay, for
 comparing the two shapes where they do.
@@ -548,7 +548,8 @@ def main_emulated(args) -> None:
                                                      f"{r.aggregate_tok_s:.1f} tok/s aggregate, user p50 "
                                                      f"{r.user_p50_tok_s:.1f}, slowest user "
                                                      f"{r.user_min_tok_s:.1f}, slowest over its replies "
-                                                     f"{r.reply_rates[0] if r.reply_rates else 0:.1f}, first token p99 "
+                                                     f"{f'{r.reply_rates[0]:.1f}' if r.reply_rates else 'none finished'}"
+                                                     f", first token p99 "
                                                      f"{first_token_said(r)} (emulated)", flush=True),
                            thin_acceptance=args.thin_acceptance, level=level,
                            on_served=lambda rtt, mode, n: served.append((rtt, mode, n)), fair=args.fair_passes,
