@@ -474,8 +474,9 @@ def print_records(records: list[WaveRecord]) -> None:
             print(f"  {r.users} {r.mode}: {error}")
 
 
-def print_served(profile: str, served: list[tuple[float, str, int]], level, limit: int) -> None:
-    print(f"EMULATED: users served at the service level ({level.describe()}), {profile}")
+def print_served(profile: str, served: list[tuple[float, str, int]], level, limit: int, pace_s: float = 0.0) -> None:
+    paced = f"; users paced a reply every {pace_s:g} s, read over their replies" if pace_s else ""
+    print(f"EMULATED: users served at the service level ({level.describe()}{paced}), {profile}")
     print("| emulated | rtt ms | mode | users served |")
     print("|---|---|---|---|")
     for rtt, mode, users in served:
@@ -514,7 +515,8 @@ def add_arguments(parser) -> None:
                        "level per round trip and mode, searched from the first count in --users (doubling, "
                        "then halving the gap twice) up to the last")
     group.add_argument("--level-tok-s", type=float, default=30.0,
-                       help="with --capacity: the users' tokens/s at --level-users at least this (default 30)")
+                       help="with --capacity: the users' tokens/s at --level-users at least this (default 30; "
+                       "with --reply-every, over each user's replies)")
     group.add_argument("--level-users", type=float, default=50.0, metavar="P",
                        help="with --capacity: the percentile of the users that must reach --level-tok-s "
                        "(default 50: the median user; 0: every user, the slowest)")
@@ -556,7 +558,7 @@ def main_emulated(args) -> None:
                            batch_tokens=args.batch_tokens, pace_s=args.reply_every)
     print_records(records)
     if level is not None:
-        print_served(args.emulate, served, level, users[-1])
+        print_served(args.emulate, served, level, users[-1], args.reply_every)
     if args.json:
         text = json.dumps([asdict(r) for r in records], indent=1) + "\n"
         if args.json == "-":

@@ -1,6 +1,7 @@
 """Users served at a per-user service level: a search over user counts until the level breaks.
 
-The level (`ServiceLevel`): the users' tokens/s over the measured window at `users_percentile`
+The level (`ServiceLevel`): the users' tokens/s over the measured window (paced users: over their
+replies, `rates_of`) at `users_percentile`
 (default 50: the median user, the "user p50" the benchmark's tables print; 0: every user, so
 the slowest) at least `tok_s` (default 30), and the first token's p99 over the replies started
 in the window at most `first_token_s` (default 1 s). How fast the slowest user is against the
@@ -29,18 +30,26 @@ class ServiceLevel:
 
     def user_tok_s(self, record) -> float:
         """The tokens/s of the user at the level's percentile in a wave's record."""
-        return percentile(record.user_rates, self.users_percentile)
+        return percentile(rates_of(record), self.users_percentile)
 
     def met(self, record) -> bool:
         """Whether a wave's record (capacity.WaveRecord) meets the level; not where no reply began in its
         window (the first token unmeasured: a window shorter than a reply)."""
-        return (bool(record.user_rates) and self.user_tok_s(record) >= self.tok_s and record.first_tokens > 0
+        return (bool(rates_of(record)) and self.user_tok_s(record) >= self.tok_s and record.first_tokens > 0
                 and record.first_token_p99_s <= self.first_token_s and not record.errors)
 
     def describe(self) -> str:
         users = "every user" if self.users_percentile == 0 else \
             "the median user" if self.users_percentile == 50 else f"the users' p{self.users_percentile:g}"
         return f"{users} >= {self.tok_s:g} tokens/s, first token p99 <= {self.first_token_s:g} s"
+
+
+def rates_of(record) -> list[float]:
+    """Each user's tokens/s as the level reads them: over the window, or, where users were paced (a
+    reply every so often, `--reply-every`), over their replies. A paced user is idle between replies:
+    over the window it makes a reply's tokens a pace, whatever the service, and every count would
+    read as under the level."""
+    return record.reply_rates if getattr(record, "pace_s", 0.0) else record.user_rates
 
 
 def percentile(values, p: float) -> float:

@@ -53,3 +53,18 @@ def test_the_level_is_read_at_the_users_percentile_it_names():
     assert "median" in ServiceLevel().describe()
     with pytest.raises(ValueError, match="percentile"):
         ServiceLevel(users_percentile=120)
+
+
+def test_paced_users_are_read_over_their_replies():
+    """Users paced a reply every so often idle between replies: the level reads their speed over their
+    replies, not over the window (where a reply of 96 tokens every 8 s reads 12 tokens/s whatever the
+    service)."""
+    paced = wave(4, capacity=4, rates=[12.0, 12.0, 11.5, 12.0])
+    paced.pace_s, paced.reply_rates = 8.0, [29.0, 33.0, 35.0, 40.0]
+    assert ServiceLevel().met(paced) and ServiceLevel().user_tok_s(paced) == 35.0
+    assert not ServiceLevel(users_percentile=0).met(paced)  # the slowest over its replies: 29
+    assert ServiceLevel(tok_s=29, users_percentile=0).met(paced)
+    paced.reply_rates = []  # no reply finished in the window: nothing to read the level from
+    assert not ServiceLevel().met(paced)
+    paced.pace_s = 0.0  # the same record unpaced: read over the window
+    assert not ServiceLevel().met(paced) and ServiceLevel().user_tok_s(paced) == 12.0
