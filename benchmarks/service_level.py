@@ -49,7 +49,7 @@ def rates_of(record) -> list[float]:
     reply every so often, `--reply-every`), over their replies. A paced user is idle between replies:
     over the window it makes a reply's tokens a pace, whatever the service, and every count would
     read as under the level."""
-    return record.reply_rates if getattr(record, "pace_s", 0.0) else record.user_rates
+    return record.reply_rates if record.pace_s else record.user_rates
 
 
 def percentile(values, p: float) -> float:

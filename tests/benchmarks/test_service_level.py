@@ -11,7 +11,7 @@ def wave(users: int, capacity: int, first_token_s: float = 0.2, rates: list[floa
     """A stand-in wave's record: every user at 30 tokens/s or more up to `capacity` users, slower past it."""
     rates = rates if rates is not None else [40.0 if users <= capacity else 25.0] * users
     return SimpleNamespace(users=users, user_rates=sorted(rates), first_token_p99_s=first_token_s, errors=[],
-                           first_tokens=users)
+                           first_tokens=users, pace_s=0.0, reply_rates=[])
 
 
 def test_the_search_finds_the_last_count_that_holds_the_level():
