@@ -64,6 +64,10 @@ class ServiceMetrics:
         self.pass_members = Gauge("specwire_target_pass_members", "rounds and streamed tokens run in those "
                                   "passes: divided by the passes, the sessions a pass served on average",
                                   registry=r)
+        self.plain_streams = Gauge("specwire_plain_streams", "streams a server-only service would run at once "
+                                   "under the users now, as the last shared pass priced its plain pass (the "
+                                   "fairness ledger's counterfactual: the pass's members, and more where users "
+                                   "read between replies)", registry=r)
         self.micro_batches = Gauge("specwire_target_micro_batches", "llama.cpp micro-batches those passes ran "
                                    "in (each a graph run; 0 on other backends)", registry=r)
         self.padding_tokens = Gauge("specwire_target_padding_tokens", "tokens llama.cpp computed and threw away "

@@ -1,7 +1,9 @@
 """Fairness in shared passes: what each session has gained or lost against a plain stream.
 
 A shared pass costs c(its tokens). As plain streams (one token each, no guesses) the same
-members would have run a pass of c(their own tokens): the plain pass. Guesses make the pass
+members would have run a pass of c(their own tokens), and one token more for each further stream
+server-only would run under the same users (users who read between replies: remote_verify/plain_load.py;
+none under a closed load): the plain pass. Guesses make the pass
 cost r = c(actual) / c(plain) times that, so every member waits r times as long for its
 pass; a member that expects to commit 1 + g tokens (g: its kept guesses) made 1 + g in the
 time a plain stream made r. Its ledger keeps the difference, made - r, as a decayed sum

@@ -59,7 +59,9 @@ Fairness (`fair`: on in the service, `specwire serve --no-fair-passes` turns it 
 queue): each member is also told how
 much more than the plain pass (every member's own tokens, no guesses) the pass may cost, by every
 member's ledger of gains against a plain stream (remote_verify/pass_ledger.py); guesses fill only
-that, so no member pays for another's guesses beyond a small deficit. Whether on or off, a reply's
+that, so no member pays for another's guesses beyond a small deficit. The plain pass holds the streams
+server-only would run under the same users: the members, and where users read between replies, the
+further streams its longer replies would keep open (remote_verify/plain_load.py). Whether on or off, a reply's
 first token is never left out of a pass for guesses: members are fitted by the tokens they must feed.
 """
 
@@ -79,6 +81,7 @@ from remote_verify.backends.target import Pass, run_passes
 from remote_verify.device_priority import lower_this_thread
 from remote_verify.pass_costs import PassCosts
 from remote_verify.pass_ledger import PassLedger
+from remote_verify.plain_load import PlainLoad
 from remote_verify.stream_drafts import PassSoFar
 from wire.limits import BATCH_TOKENS, MEMBER_TOKENS
 
@@ -99,6 +102,10 @@ ROUND_MEMORY = 0.9  # weight of the past in the time of a pass of rounds: about 
 # A feed this short is never cut, whatever a piece may cost: a new reply's round (a short prompt and
 # its draft) cut into pieces of five waited a turn of every prefilling session for each piece.
 UNCUT_TOKENS = 32
+# The plain streams server-only would run are counted again after this many passes: they follow the users'
+# replies, which change over seconds, and counting them costs a millisecond or two at 256 users (a tenth of
+# a pass of the emulated 70B target, counted every pass)
+PLAIN_LOAD_PASSES = 8
 
 
 def piece_tokens(backend) -> int:
@@ -226,6 +233,9 @@ class DeviceQueue:
         self._round_s: float | None = None  # a pass holding no prefill piece takes this long (decayed mean)
         self._piece_memo: dict = {}  # piece limits found while forming the current turn
         self.ledger = PassLedger()  # each session's gain against a plain stream (fair shared passes)
+        self.plain_load = PlainLoad()  # the plain streams server-only would run under these users (the ledger's)
+        self.plain_streams = 0.0  # ... as last counted (every PLAIN_LOAD_PASSES passes)
+        self._streams_counted_at: int | None = None  # the pass count then
         # guesses fill only what every member's ledger allows (the service sets it: ServiceConfig.fair_passes,
         # on unless `serve --no-fair-passes`); False: the pass's goodput alone (docs/results.md)
         self.fair = False
@@ -596,8 +606,10 @@ class DeviceQueue:
         so_far = PassSoFar(budget=budget, share=max(0.0, (budget - mandatory) / len(items)))
         costs = self.costs.shared(len(items))  # a pass of about this many members (remote_verify/pass_costs.py)
         so_far.costs = costs
-        plain_s = costs.seconds(mandatory) if self.fair and len(items) > 1 else None
-        rooms = [self.ledger.room(item.session, _starting(item.work)) for item in items]
+        starts = [_starting(item.work) for item in items]
+        plain_s = self._plain_s(items, mandatory, costs) if self.fair and len(items) > 1 else None
+        rooms = [self.ledger.room(item.session, starting) for item, starting in zip(items, starts)]
+        starting_of = {id(item): starting for item, starting in zip(items, starts)}
         gains: list[float | None] = [None] * len(items)  # planned members' expected kept guesses
         for i, item in enumerate(items):
             so_far.later_tokens, so_far.later_sessions = sum(sizes[i + 1:]), len(items) - i - 1
@@ -625,18 +637,36 @@ class DeviceQueue:
                             len(members), type(error).__name__, error)
                 self._run_one_by_one(members, started)
             else:
-                forward_s = time.perf_counter() - began
+                ended = time.perf_counter()
+                forward_s = ended - began
                 self.busy_s += forward_s
                 _keep_books(self.costs.observe, so_far.tokens, forward_s, len(members))
                 _keep_books(self._time_pieces, members, forward_s)
                 for (item, planned), result in zip(members, results):
                     value, error = _attempt(planned.finish, result, forward_s)
+                    made = planned.made[-1] if planned.made else planned.expected
                     if ratio is not None:  # its ledger: what it made against what the plain pass would have
-                        _keep_books(self.ledger.after_pass, item.session,
-                                    planned.made[-1] if planned.made else planned.expected, ratio)
+                        _keep_books(self.ledger.after_pass, item.session, made, ratio)
+                    if self.fair:
+                        _keep_books(self.plain_load.member, item.session, starting_of[id(item)], made, began, ended)
                     self._hand_back(item, value, error, started)
         members.clear()
-        del items, members, item, planned, error, results, result, value, forward_s, ratio, costs
+        del items, members, item, planned, error, results, result, value, forward_s, ratio, costs, starting_of
+
+    def _plain_s(self, items: list[_Item], mandatory: int, costs: PassCosts) -> float | None:
+        """The plain pass: the members' own tokens, and a token for each further stream server-only would run
+        under these users (remote_verify/plain_load.py), priced along this pass's curve (by tokens alone: an
+        extra stream's own cache is left out, which errs towards the plain streams)."""
+        members = len(items)
+
+        def plain_pass_s(streams: int) -> float | None:
+            return costs.seconds(mandatory + max(0, streams - members))
+
+        if self._streams_counted_at is None or self.passes - self._streams_counted_at >= PLAIN_LOAD_PASSES:
+            self.plain_streams = self.plain_load.streams({item.session for item in items}, plain_pass_s,
+                                                         time.perf_counter())
+            self._streams_counted_at = self.passes
+        return plain_pass_s(round(max(self.plain_streams, members)))
 
     def _time_pieces(self, members: list[tuple[_Item, Planned]], forward_s: float) -> None:
         """Keep what a pass of rounds takes, and what each prefill piece in this pass took."""

@@ -68,8 +68,8 @@ class PassSoFar:
     # the members planned after this one: the tokens they must feed, and how many they are (a token each)
     later_tokens: int = 0
     later_sessions: int = 0
-    # Fairness (remote_verify/pass_ledger.py): `plain_s` is c(every member's own tokens), the pass
-    # as plain streams would run it (None: no constraint); the pass may cost at most 1 + `others_room`
+    # Fairness (remote_verify/pass_ledger.py): `plain_s` is c(every member's own tokens, and a token for
+    # each further stream server-only would run), the pass as plain streams would run it (None: no constraint); the pass may cost at most 1 + `others_room`
     # times that by the other members' ledgers, and 1 + `own_room` + this member's expected kept
     # guesses by its own (its guesses pay for what they add)
     plain_s: float | None = None

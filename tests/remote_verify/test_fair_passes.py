@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -56,11 +57,13 @@ def guessing_stream(backend, costs: PassCosts) -> tuple[Session, object]:
 
 
 def one_shared_pass(backend, fair: bool, other: str, behind: bool, costs: PassCosts | None = None,
-                    banked: int = 0, behind_passes: int = 3) -> tuple[int, int]:
+                    banked: int = 0, behind_passes: int = 3, readers: int = 0) -> tuple[int, int]:
     """(tokens the shared pass fed, the tokens its members had to feed) for the guessing stream and
     `other` ("plain": a stream one token in, no guesses; "first": a reply's prompt and first token),
     on the queue's cost curve `costs` (a compute-bound device's by default); `banked`: passes in which the
-    plain stream made five tokens where the plain pass would have made one, before it fell behind."""
+    plain stream made five tokens where the plain pass would have made one, before it fell behind;
+    `readers`: other users of the service, reading a second after replies of 96 tokens that took 0.1 s here
+    (guesses kept), none in this pass."""
     costs = costs if costs is not None else compute_bound()
     queue = DeviceQueue("fair-test", costs=costs)
     queue.fair = fair
@@ -76,6 +79,11 @@ def one_shared_pass(backend, fair: bool, other: str, behind: bool, costs: PassCo
     if behind:  # the plain stream already paid for guesses in earlier passes: its ledger is spent
         for _ in range(behind_passes):
             queue.ledger.after_pass("plain", 1.0, 1.0 + SLACK_TOKENS)
+    now = time.perf_counter()
+    for reader in range(readers):  # two replies each, the last ended half a second ago
+        for began in (now - 1.7, now - 0.6):
+            queue.plain_load.member(("reader", reader), True, 1.0, began, began + 0.01)
+            queue.plain_load.member(("reader", reader), False, 95.0, began + 0.01, began + 0.1)
     gate = threading.Event()
 
     async def main():
@@ -155,3 +163,18 @@ def test_a_pass_is_priced_by_passes_of_about_as_many_members(backend, monkeypatc
     monkeypatch.setattr(PassCosts, "shared", lambda self, members: self)
     fed_planted, mandatory = one_shared_pass(backend, fair=True, other="plain", behind=False, costs=costs)
     assert fed_planted < mandatory + 12
+
+
+def test_guesses_may_cost_what_server_only_passes_would_under_users_who_read(backend):
+    """Eighty other users read between replies, none in this pass: server-only, its replies longer, would
+    run many of their streams too, so a plain stream's pass there costs c(the members' tokens + dozens)
+    (remote_verify/plain_load.py), and a fresh member lets guesses cost its slack over that: here, the
+    whole chain, a pass more than 1 + SLACK times the members' own plain pass. Priced by this pass's members
+    alone (planted: no readers; the test above), the same member lets only part of the chain in."""
+    costs = compute_bound()
+    fed, mandatory = one_shared_pass(backend, fair=True, other="plain", behind=False, readers=80)
+    assert fed == mandatory + 12  # every guess of the chain
+    assert costs.seconds(fed) > (1 + SLACK_TOKENS) * costs.seconds(mandatory)
+    assert costs.seconds(fed) <= (1 + SLACK_TOKENS) * costs.seconds(mandatory + 80) + 1e-9
+    fed_alone, mandatory = one_shared_pass(backend, fair=True, other="plain", behind=False)
+    assert fed_alone < mandatory + 12
