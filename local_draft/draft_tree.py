@@ -15,6 +15,12 @@ end, then a round trip for a new one. A whole tree replaces the one before it at
 service (wire/protocol.py `Draft`), which follows it through what it commits, so it is sent again
 only when it grew; its likeliest nodes first, as a pass short of room takes the first ones.
 
+Two bounds shape the growth. Leaves at the stream controller's horizon wait while the shallower
+ones grow (`limit`): the drafter widens the tree below it rather than idling. A tree at
+MAX_TREE_NODES drops its least likely leaves to make room for likelier nodes (`_prune`); it
+stopped growing there, with alternatives never grown filling it, and over a long round trip the
+stream then ran past its end.
+
 As the stream commits tokens the tree is followed from its root: where every committed token
 is a child of the node before it, the subtree below becomes the tree, anchored after them; a
 token no child guessed ends it, and a new one starts after the text. Nodes come parents first
@@ -27,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from wire.draft_tree import ROOT
-from wire.limits import MAX_TREE_NODES
+from wire.limits import MAX_TREE_DEPTH, MAX_TREE_NODES
 
 # A first choice the drafter gives less than this gets its alternatives beside it. The drafter's
 # probability is about its chance of being right (Leviathan et al.: acceptance tracks the draft's
@@ -74,6 +80,8 @@ class DraftTree:
     sources: list[str] = field(default_factory=list)  # "model" for every node (as a chain's record)
     _grown: set = field(default_factory=set)  # nodes (ROOT too) whose children were added
     wanted: int = 1  # leaves likely enough to grow at the next level, before the width capped them
+    depth_limit: int = MAX_TREE_DEPTH  # leaves this deep wait (the stream controller's horizon)
+    depths: list[int] = field(default_factory=list)  # each node's depth below the root (1: the first level)
 
     @property
     def levels(self) -> int:
@@ -100,31 +108,80 @@ class DraftTree:
 
     def grow(self, candidates: list[list[tuple[int, float]]], end_ids: frozenset[int]) -> int:
         """Add a level below the open leaves: `candidates[i]` are the drafter's (token, probability),
-        best first, after open leaf i. Returns the nodes added (0: nothing more to grow)."""
-        born = 0
+        best first, after open leaf i. Returns the nodes added and kept (0: nothing more to grow)."""
+        before = len(self.tokens)
         for leaf, options in zip(self.open, candidates):
             self._grown.add(leaf)
             base = 1.0 if leaf == ROOT else self.chance[leaf]
             unsure = self.width > 1 and options[0][1] < BRANCH_BELOW
             for rank, (token, p) in enumerate(options if unsure else options[:1]):
-                if len(self.tokens) >= MAX_TREE_NODES or (rank and p < ALTERNATE_ABOVE):
+                if rank and p < ALTERNATE_ABOVE:
                     break
                 self.tokens.append(token)
                 self.parents.append(leaf)
                 self.rank.append(rank)
                 self.chance.append(base * p)
+                self.depths.append(1 if leaf == ROOT else self.depths[leaf] + 1)
                 self.sources.append("model")
-                born += 1
-        self.open = self._likeliest_leaves(end_ids)
-        return born
+        kept = self._prune(MAX_TREE_NODES, before)
+        # none kept: the level was less likely than every leaf of a full tree, as the levels below the
+        # leaves not grown yet would be (they are less likely still): full until the stream moves on
+        self.open = self._likeliest_leaves(end_ids) if kept else []
+        return kept
+
+    def _prune(self, most: int, born_from: int) -> int:
+        """Keep at most `most` nodes, dropping the least likely leaves first (a node's children go
+        before it, as none is likelier than its parent). A full tree stopped growing where it stood:
+        alternatives at every unsure level, most of them never grown, filled it, and over a long
+        round trip the stream passed its end before the client heard where it went (the emulated 70B
+        at 100 ms: a tree of 8 full at 22 levels, the stream running a token a pass past it). Returns
+        how many of the nodes from `born_from` on were kept."""
+        if len(self.tokens) <= most:
+            return len(self.tokens) - born_from
+        parents = set(self.parents)
+        drop: set[int] = set()
+        candidates = sorted((node for node in range(len(self.tokens)) if node not in parents),
+                            key=lambda node: (self.chance[node], -node))
+        children = {}
+        for node, parent in enumerate(self.parents):
+            children[parent] = children.get(parent, 0) + 1
+        while len(self.tokens) - len(drop) > most and candidates:
+            node = candidates.pop(0)
+            drop.add(node)
+            parent = self.parents[node]
+            children[parent] -= 1
+            if parent != ROOT and children[parent] == 0:  # its parent is a leaf now, in its place by chance
+                at = next((i for i, other in enumerate(candidates)
+                           if (self.chance[other], -other) > (self.chance[parent], -parent)), len(candidates))
+                candidates.insert(at, parent)
+        keep = [node for node in range(len(self.tokens)) if node not in drop]
+        index = {old: new for new, old in enumerate(keep)}
+        index[ROOT] = ROOT
+        self.tokens = [self.tokens[node] for node in keep]
+        self.parents = [index[self.parents[node]] for node in keep]
+        self.rank = [self.rank[node] for node in keep]
+        self.chance = [self.chance[node] for node in keep]
+        self.depths = [self.depths[node] for node in keep]
+        self.sources = [self.sources[node] for node in keep]
+        self._grown = {index[node] for node in self._grown if node in index}
+        self.sent = sum(1 for node in keep if node < self.sent)  # order is kept: still a prefix
+        return sum(1 for node in keep if node >= born_from)
+
+    def limit(self, depth: int, end_ids: frozenset[int]) -> None:
+        """Grow no leaf `depth` deep or deeper (the horizon: guesses further ahead would arrive too early
+        to be likely reached). The leaves below it go on growing: where the likeliest branch reached the
+        horizon the tree widens below it instead of waiting, so that an alternative the stream may take
+        has guesses below it (over a long round trip the stream runs on them until the client hears)."""
+        if depth != self.depth_limit:
+            self.depth_limit = depth
+            self.open = self._likeliest_leaves(end_ids) if self.tokens else [ROOT] if depth > 0 else []
 
     def _likeliest_leaves(self, end_ids: frozenset[int]) -> list[int]:
-        """The `width` likeliest nodes not grown yet (nothing follows an end token), those at least
-        OPEN_RATIO as likely as the first, in node order."""
-        if len(self.tokens) >= MAX_TREE_NODES:
-            return []
+        """The `width` likeliest nodes not grown yet (nothing follows an end token; none at the depth
+        limit), those at least OPEN_RATIO as likely as the first, in node order."""
         leaves = sorted((node for node in range(len(self.tokens))
-                         if node not in self._grown and self.tokens[node] not in end_ids),
+                         if node not in self._grown and self.tokens[node] not in end_ids
+                         and self.depths[node] < self.depth_limit),
                         key=lambda node: -self.chance[node])
         likely = [node for node in leaves if self.chance[node] >= OPEN_RATIO * self.chance[leaves[0]]] if leaves else []
         self.wanted = len(likely)  # what a level costs the drafter depends on it (stream_controller.level_cost)
@@ -172,10 +229,13 @@ class DraftTree:
                 rest.parents.append(index[self.parents[i]])
                 rest.rank.append(self.rank[i])
                 rest.chance.append(self.chance[i])
+                rest.depths.append(self.depths[i] - right)
                 rest.sources.append("model")
         if not rest.tokens:
             return None
-        rest._grown = {index[grown] for grown in self._grown if grown in index}
+        # a leaf grown whose children a full tree dropped (`_prune`) grows again: the subtree has room
+        with_children = set(rest.parents)
+        rest._grown = {index[grown] for grown in self._grown if grown in index and index[grown] in with_children}
         rest.open = rest._likeliest_leaves(end_ids)  # the likeliest of the subtree's leaves, the left ones too
         rest.sent = len(rest.tokens) if rest.number >= 0 else 0
         return rest

@@ -276,7 +276,11 @@ class StreamSpeculator:
                 # nor past the reply's last token: the stream ends there, and a guess beyond it
                 # would only take the drafter's time
                 horizon = min(horizon, max_tokens - len(new))
-                wants_guess = drafting and chain.levels < horizon
+                if isinstance(chain, DraftTree):
+                    chain.limit(horizon, self.end_ids)  # leaves short of the horizon grow, deeper ones wait
+                    wants_guess = drafting and bool(chain.open)
+                else:
+                    wants_guess = drafting and chain.levels < horizon
                 if not wants_guess and chain.sent < len(chain.tokens):
                     self._send(client, seq, chain)  # before waiting: what was guessed goes out
                 if not wants_guess and not cancelled and should_stop is not None:

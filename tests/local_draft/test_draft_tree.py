@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from local_draft.draft_tree import ALTERNATE_ABOVE, DraftTree
 from wire.draft_tree import ROOT, tree_problem
+from wire.limits import MAX_TREE_NODES
 
 END = frozenset({99})
 
@@ -72,3 +73,74 @@ def test_a_tree_goes_out_likeliest_first_so_a_short_pass_keeps_the_likeliest_nod
     grown = sorted(tree.path(node) for node in range(len(tree.tokens)))
     resent = DraftTree(number=2, start=0, width=4, tokens=tokens, parents=parents)
     assert sorted(resent.path(node) for node in range(len(tokens))) == grown
+
+
+def _first_choice_depth(tree: DraftTree) -> int:
+    """How deep the path of first choices reaches."""
+    node, depth = ROOT, 0
+    while True:
+        child = next((i for i, parent in enumerate(tree.parents) if parent == node and tree.rank[i] == 0), None)
+        if child is None:
+            return depth
+        node, depth = child, depth + 1
+
+
+def test_a_full_tree_drops_its_least_likely_leaves_and_keeps_growing():
+    """An unsure drafter adds seven alternatives a leaf: the tree reaches MAX_TREE_NODES within a few
+    levels. It then keeps growing where it is likeliest, dropping its least likely leaves (a full tree
+    that stopped growing let the stream run past its end at a long round trip), never above the cap,
+    and what was sent stays a prefix of it."""
+    tree = DraftTree(number=1, start=0, width=8)
+    options = lambda path: [(len(path) + 1, 0.7)] + [(100 + i, 0.04) for i in range(7)]
+    while len(tree.tokens) < MAX_TREE_NODES:
+        _grow(tree, options)
+    full_depth = _first_choice_depth(tree)
+    sent_nodes = [tree.path(node) for node in range(len(tree.tokens))]
+    tree.sent = len(tree.tokens)
+    dropped_below = None
+    for _ in range(20):
+        before = {tree.path(node): tree.chance[node] for node in range(len(tree.tokens))}
+        assert tree.open, "a full tree stopped growing"
+        _grow(tree, options)
+        after = {tree.path(node) for node in range(len(tree.tokens))}
+        assert len(after) <= MAX_TREE_NODES and tree_problem(tree.parents, len(tree.tokens)) == ""
+        dropped = [chance for path, chance in before.items() if path not in after]
+        if dropped:
+            dropped_below = max(dropped)
+            assert dropped_below <= min(tree.chance) + 1e-12  # the least likely went
+    assert dropped_below is not None
+    assert _first_choice_depth(tree) >= full_depth + 5
+    kept_sent = [path for path in sent_nodes if path in {tree.path(node) for node in range(len(tree.tokens))}]
+    assert [tree.path(node) for node in range(tree.sent)] == kept_sent
+
+
+def test_leaves_at_the_depth_limit_wait_while_shallower_ones_grow():
+    """The likeliest branch at the horizon waits; the branches left behind grow instead of the drafter
+    idling (over a long round trip the stream may have taken one of them), and the deep leaf grows
+    again once the horizon moves."""
+    tree = DraftTree(number=1, start=0, width=2)
+    _grow(tree, lambda path: [(1, 0.5), (2, 0.09), (3, 0.08)])  # the alternatives below OPEN_RATIO: not grown
+    assert [tree.path(node) for node in tree.open] == [(1,)]
+    tree.limit(3, END)
+    for _ in range(2):
+        _grow(tree, lambda path: [(path[-1] + 10, 0.95)])
+    assert tree.levels == 0 or all(tree.depths[node] < 3 for node in tree.open)
+    assert sorted(tree.path(node) for node in tree.open) == [(2,), (3,)]  # the chain (1, 11, 21) waits
+    _grow(tree, lambda path: [(path[-1] + 10, 0.95)])
+    assert {(2, 12), (3, 13)} <= {tree.path(node) for node in range(len(tree.tokens))}
+    tree.limit(5, END)
+    assert (1, 11, 21) in [tree.path(node) for node in tree.open]
+
+
+def test_a_leaf_whose_children_a_full_tree_dropped_grows_again_below_the_stream():
+    """Pruning a full tree can leave a grown node childless; once the stream commits past the root the
+    subtree has room, and that node grows again."""
+    tree = DraftTree(number=1, start=0, width=4)
+    _grow(tree, lambda path: [(1, 0.9)])
+    _grow(tree, lambda path: [(11, 0.6), (12, 0.3)])  # (1, 11) and (1, 12)
+    _grow(tree, lambda path: [(path[-1] + 10, 0.1)])  # their children, the least likely nodes
+    tree._prune(len(tree.tokens) - 2, len(tree.tokens))  # a full tree drops both
+    assert {tree.path(node) for node in range(len(tree.tokens))} == {(1,), (1, 11), (1, 12)}
+    tree.sent = len(tree.tokens)
+    below = tree.below(1, [1], tree.number, END)
+    assert sorted(below.path(node) for node in below.open) == [(11,), (12,)]

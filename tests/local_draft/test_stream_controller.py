@@ -69,12 +69,14 @@ def test_a_set_k_overrides_the_measurements():
 
 
 def test_the_horizon_covers_the_tokens_made_while_a_guess_travels():
-    """At 100 ms of round trip and 200 tokens/s, a chain runs about 10 tokens further ahead than at 0 ms."""
+    """The received text is half a round trip old and a guess travels the other half: at 100 ms of
+    round trip and 200 tokens/s, a chain runs 20 tokens further ahead than at 0 ms."""
     controller = StreamController(curve=GPU, max_block=8)
     controller.new_reply()
     near = controller.horizon(200.0)
     controller.observe_wire(0.100)
-    assert controller.horizon(200.0) - near == 10
+    assert controller.passed(200.0) == 20
+    assert controller.horizon(200.0) - near == 20
 
 
 def test_a_state_round_trips_and_a_damaged_one_is_refused():
