@@ -46,6 +46,14 @@ def _drafts_sent(client: VerifyClient) -> list:
     return sent
 
 
+def _paths(draft) -> set[tuple[int, ...]]:
+    """The paths from the root of a Draft's tree to each of its nodes (the same tree in any order)."""
+    paths: list[tuple[int, ...]] = []
+    for token, parent in zip(draft.tokens, draft.parents):
+        paths.append((paths[parent] if parent >= 0 else ()) + (token,))
+    return set(paths)
+
+
 def _reference(url: str, draft) -> dict[str, list[int]]:
     client = VerifyClient(url, hello_for(draft))
     streamed = ServerOnlyGenerator(client, draft.end_ids)
@@ -90,6 +98,45 @@ def test_a_seeded_sampled_stream_with_trees_is_the_seeds_text(tree_service, clos
     speculator.controller.batch_cost = dict(CUDA_BATCH)
     assert speculator.generate(close_draft.tokenize(PROMPTS[0]), MAX_TOKENS).token_ids == expected
     client.close()
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_a_tree_at_its_node_limit_drops_leaves_and_the_text_is_the_targets(tree_service, close_draft, monkeypatch,
+                                                                         sampled):
+    """Trees of 8 held to 12 nodes: every few levels the client's tree is full and drops its least likely
+    leaves (local_draft/draft_tree.py `_prune`), so the service receives, under one chain number, trees
+    that are not the one before plus nodes. The text is still the target's alone (greedy) or the seed's
+    (sampled), and the guesses still save passes."""
+    import local_draft.draft_tree as draft_tree
+
+    monkeypatch.setattr(draft_tree, "MAX_TREE_NODES", 12)
+    params, seed = (SamplingParams(temperature=0.9, top_k=20, top_p=0.95), 5) if sampled else (SamplingParams(), None)
+    client = VerifyClient(tree_service.url, hello_for(close_draft, params, seed=seed))
+    streamed = ServerOnlyGenerator(client, close_draft.end_ids)
+    expected = {}
+    for prompt in PROMPTS:
+        if sampled:
+            streamed.reseed(seed)
+        expected[prompt] = streamed.generate(close_draft.tokenize(prompt), MAX_TOKENS).token_ids
+    client.close()
+    client = VerifyClient(tree_service.url, hello_for(close_draft, params, seed=seed))
+    sent = _drafts_sent(client)
+    speculator = StreamSpeculator(close_draft, client, params, seed=seed, colocated=False)
+    speculator.controller.batch_cost = dict(CUDA_BATCH)
+    speculator.controller.pinned_width = 8
+    made = passes = 0
+    for prompt in PROMPTS:
+        if sampled:
+            speculator.reseed(seed)
+        result = speculator.generate(close_draft.tokenize(prompt), MAX_TOKENS)
+        assert result.token_ids == expected[prompt], prompt
+        made, passes = made + len(result.token_ids), passes + result.stats.rounds
+    client.close()
+    assert max(len(d.tokens) for d in sent) == 12
+    pruned = [(a.chain, a.start) for a, b in zip(sent, sent[1:]) if a.parents and b.parents and a.chain == b.chain
+              and a.start == b.start and not _paths(a) <= _paths(b)]
+    assert pruned, "no full tree dropped a leaf"
+    assert passes < made, (passes, made)
 
 
 def test_without_trees_in_the_welcome_the_client_drafts_chains(paced_service, close_draft):
