@@ -294,22 +294,22 @@ def test_a_fault_in_the_queues_own_books_loses_no_result_and_stops_no_service(re
     planning failing (a member's ledger): that turn's sessions get an error that says so, and the
     next turn is served. Either way the worker thread lives on (it died before: the service then took
     connections and answered none)."""
-    from remote_verify.pass_costs import PassCosts
-    from remote_verify.pass_ledger import PassLedger
 
     c = recorder.caches
 
     def broken(*args, **kwargs):
         raise KeyError("a bug in the books")
 
-    monkeypatch.setattr(PassCosts, "observe", broken)
-    results = run_held(DeviceQueue("books-test"), [(name, shareable(recorder, c[name], name, [10, 11]))
-                                                    for name in "ab"])
+    # each fault is planted in this test's queue alone: patched on the class, it reached the services
+    # other tests on this worker share, whose queues a fault then closed
+    books = DeviceQueue("books-test")
+    monkeypatch.setattr(books.costs, "observe", broken)
+    results = run_held(books, [(name, shareable(recorder, c[name], name, [10, 11])) for name in "ab"])
     assert [result[0][0] for result in results] == ["a", "b"]  # served, in one pass
     assert recorder.passes == [[("a", 2), ("b", 2)]]
 
-    monkeypatch.setattr(PassLedger, "room", broken)
     queue = DeviceQueue("plan-test")
+    monkeypatch.setattr(queue.ledger, "room", broken)
 
     async def main():
         failing = [asyncio.ensure_future(queue.run(name, shareable(recorder, c[name], name, [12]))) for name in "cd"]
@@ -334,13 +334,13 @@ def test_a_fault_in_choosing_a_turn_closes_the_queue_and_answers_everyone_waitin
     queue = DeviceQueue("closing-test")
     gate = threading.Event()
 
-    def broken(self, line):
+    def broken(line):
         raise KeyError("a bug in the line")
 
     async def main():
         held = asyncio.ensure_future(queue.run("holder", lambda: gate.wait(5)))
         await asyncio.sleep(0.05)
-        monkeypatch.setattr(DeviceQueue, "_round_before_piece", broken)
+        monkeypatch.setattr(queue, "_round_before_piece", broken)  # this queue's only (see above)
         waiting = [asyncio.ensure_future(queue.run(name, lambda: name)) for name in "ab"]
         await asyncio.sleep(0.05)
         gate.set()
@@ -602,7 +602,7 @@ def test_a_prompts_pieces_are_charged_by_their_cost_so_they_come_every_few_passe
     costs = PassCosts()
     for n in (1, 2, 4, 8, 16, 32, 64, 128):
         costs.observe(n, 0.010 + 0.0002 * n)
-    monkeypatch.setattr(PassCosts, "observe", lambda self, *args, **kwargs: None)  # the curve stays as given
+    monkeypatch.setattr(costs, "observe", lambda *args, **kwargs: None)  # the curve stays as given
     backend = RecordingBackend(llamacpp_target)
     sessions = _sessions(backend, "abcp")
     long_prompt = [(7 * i) % 300 + 1 for i in range(300)]

@@ -63,16 +63,16 @@ def test_a_failed_device_queue_answers_its_sessions_and_turns_healthz_red(own_ll
     """The device queue's worker failing outside any pass (a bug in choosing the next turn): the
     session waiting gets an error at once, not silence, and /healthz answers 503 saying the service
     must be restarted (a load balancer then sends no one there)."""
-    from remote_verify.scheduler import DeviceQueue
-
     running = RunningService(own_llamacpp_target)
     try:
         client = VerifyClient(running.url, hello_for(close_draft))
 
-        def broken(self, line):
+        def broken(line):
             raise KeyError("a bug in the line")
 
-        monkeypatch.setattr(DeviceQueue, "_round_before_piece", broken)
+        # this service's queue only: patched on the class, the fault closed the queue of the service that
+        # other tests on this worker share (a later test then found it shut down)
+        monkeypatch.setattr(running.service.queue, "_round_before_piece", broken)
         with pytest.raises(VerifyError) as error:
             client.verify(Verify(seq=1, committed_len=0, append=[318, 5], draft=[6]))
         assert error.value.code == "internal" and "a bug in the line" in str(error.value) \
