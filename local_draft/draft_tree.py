@@ -29,6 +29,8 @@ token no child guessed ends it, and a new one starts after the text. Nodes come 
 
 from __future__ import annotations
 
+import bisect
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -138,22 +140,17 @@ class DraftTree:
         how many of the nodes from `born_from` on were kept."""
         if len(self.tokens) <= most:
             return len(self.tokens) - born_from
-        parents = set(self.parents)
+        children = Counter(self.parents)
+        by_chance = lambda node: (self.chance[node], -node)  # noqa: E731 (least likely first; later first at a tie)
+        candidates = sorted((node for node in range(len(self.tokens)) if node not in children), key=by_chance)
         drop: set[int] = set()
-        candidates = sorted((node for node in range(len(self.tokens)) if node not in parents),
-                            key=lambda node: (self.chance[node], -node))
-        children = {}
-        for node, parent in enumerate(self.parents):
-            children[parent] = children.get(parent, 0) + 1
         while len(self.tokens) - len(drop) > most and candidates:
             node = candidates.pop(0)
             drop.add(node)
             parent = self.parents[node]
             children[parent] -= 1
             if parent != ROOT and children[parent] == 0:  # its parent is a leaf now, in its place by chance
-                at = next((i for i, other in enumerate(candidates)
-                           if (self.chance[other], -other) > (self.chance[parent], -parent)), len(candidates))
-                candidates.insert(at, parent)
+                bisect.insort(candidates, parent, key=by_chance)
         keep = [node for node in range(len(self.tokens)) if node not in drop]
         index = {old: new for new, old in enumerate(keep)}
         index[ROOT] = ROOT
