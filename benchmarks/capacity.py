@@ -36,7 +36,11 @@ user's prompt read at once; their count beside them), how many users got 20 toke
 or more, the target's passes per token and tokens per pass, the guesses (tree nodes) a pass
 verified, the acceptance by depth, the tree width each user's controller chose, the device's utilization (its time in passes over the
 window: what is not is this machine's own overhead between passes), and the replies that
-differ from the target's path.
+differ from the target's path. Beside server-only's, each mode's figures are also read on the same
+replies (the same prompts, so the same text): the speed over replies both finished (`same_replies`),
+the first token's p99 over replies both began (`same_first_tokens`), and the slowest user's speed over
+replies both began and finished (`same_slowest`): under a closed loop the window's slowest user is
+whoever's window held the hardest text, a different user in each mode.
 Every figure is emulated and says so (`emulated`: the target profile's name, and the
 drafter's). `--time-scale F` runs every emulated duration (passes, drafted tokens, the round
 trip) F times slower and reports rates F times higher: on a machine too small for the number
@@ -331,6 +335,31 @@ def same_first_tokens(a: WaveRecord, b: WaveRecord) -> tuple[float, float, int] 
     return percentile([c[0] for c in common], 99), percentile([c[1] for c in common], 99), len(common)
 
 
+def same_slowest(a: WaveRecord, b: WaveRecord) -> tuple[float, float, int, int] | None:
+    """The slowest user's tokens/s in a and in b over the replies both began in the window and finished, each
+    user's tokens over its replies' wall time (request to last token, first token included); and how many
+    users and replies that is (None: none in common). Under a closed loop a user's k-th reply is prompt
+    u + k in every mode, so a mode that finishes replies sooner spends the window on prompts the other never
+    reached: the slowest user by the window's tokens is then the one whose window held the least draftable
+    text and the longest prompts (a 151-token prompt's pieces, prose), not the one the service served worst.
+    Over the same replies each user is measured on the same text in both modes."""
+    common = ({(user, k) for user, k, _ in a.first_token_by_reply} & {(user, k) for user, k, _ in b.first_token_by_reply}
+              & {(user, k) for user, k, _, _ in a.replies} & {(user, k) for user, k, _, _ in b.replies})
+    if not common:
+        return None
+
+    def slowest(record: WaveRecord) -> float:
+        per_user: dict[int, list[float]] = {}
+        for user, k, wall, tokens in record.replies:
+            if (user, k) in common:
+                walls = per_user.setdefault(user, [0.0, 0.0])
+                walls[0], walls[1] = walls[0] + wall, walls[1] + tokens
+        rates = [tokens / wall * record.time_scale for wall, tokens in per_user.values() if wall > 0]
+        return min(rates, default=0.0)
+
+    return slowest(a), slowest(b), len({user for user, _ in common}), len(common)
+
+
 def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float], user_counts: list[int],
                  modes: list[str], kinds: list[str], max_tokens: int, seconds: float, time_scale: float,
                  recording_path: Path = DEFAULT_RECORDING, vocab_path: Path | None = None,
@@ -466,6 +495,9 @@ def print_records(records: list[WaveRecord]) -> None:
                   + (f", on the same {same[1]} replies x{same[0]:.2f}" if (same := same_replies(r, server)) else "")
                   + (f"; first token p99 on the same {firsts[2]} replies {firsts[0]:.3f} s against {firsts[1]:.3f}"
                      if (firsts := same_first_tokens(r, server)) else "")
+                  + (f"; the slowest user on the same {slow[3]} replies of {slow[2]} users {slow[0]:.1f} tok/s "
+                     f"against {slow[1]:.1f} (x{slow[0] / slow[1]:.2f})"
+                     if (slow := same_slowest(r, server)) and slow[1] > 0 else "")
                   + (f"; the slowest user over its replies {r.reply_rates[0]:.1f} tok/s against "
                      f"{server.reply_rates[0]:.1f} (x{r.reply_rates[0] / server.reply_rates[0]:.2f})"
                      if r.reply_rates and server.reply_rates else ""))
