@@ -39,7 +39,7 @@ window: what is not is this machine's own overhead between passes), and the repl
 differ from the target's path. Beside server-only's, each mode's figures are also read on the same
 replies (the same prompts, so the same text): the speed over replies both finished (`same_replies`),
 the first token's p99 over replies both began (`same_first_tokens`), and the slowest user's speed over
-replies both began and finished (`same_slowest`): under a closed loop the window's slowest user is
+replies both finished but the first wave (`same_slowest`): under a closed loop the window's slowest user is
 whoever's window held the hardest text, a different user in each mode.
 Every figure is emulated and says so (`emulated`: the target profile's name, and the
 drafter's). `--time-scale F` runs every emulated duration (passes, drafted tokens, the round
@@ -336,15 +336,16 @@ def same_first_tokens(a: WaveRecord, b: WaveRecord) -> tuple[float, float, int] 
 
 
 def same_slowest(a: WaveRecord, b: WaveRecord) -> tuple[float, float, int, int] | None:
-    """The slowest user's tokens/s in a and in b over the replies both began in the window and finished, each
-    user's tokens over its replies' wall time (request to last token, first token included); and how many
-    users and replies that is (None: none in common). Under a closed loop a user's k-th reply is prompt
-    u + k in every mode, so a mode that finishes replies sooner spends the window on prompts the other never
-    reached: the slowest user by the window's tokens is then the one whose window held the least draftable
-    text and the longest prompts (a 151-token prompt's pieces, prose), not the one the service served worst.
-    Over the same replies each user is measured on the same text in both modes."""
-    common = ({(user, k) for user, k, _ in a.first_token_by_reply} & {(user, k) for user, k, _ in b.first_token_by_reply}
-              & {(user, k) for user, k, _, _ in a.replies} & {(user, k) for user, k, _, _ in b.replies})
+    """The slowest user's tokens/s in a and in b over the replies both finished, each user's first left
+    out (every user's first prompt is read at once, before the window), each user's tokens over its
+    replies' wall time (request to last token, first token included); and how many users and replies
+    that is (None: none in common). Under a closed loop a user's k-th reply is prompt u + k in every mode,
+    so a mode that finishes replies sooner spends the window on prompts the other never reached: the
+    slowest user by the window's tokens is then the one whose window held the least draftable text and
+    the longest prompts, not the one the service served worst. Over the same replies each user is
+    measured on the same text in both modes. (Not the replies begun in the window: with few users the
+    faster mode begins its window several replies further on, and none would be common.)"""
+    common = ({(user, k) for user, k, _, _ in a.replies if k > 0} & {(user, k) for user, k, _, _ in b.replies})
     if not common:
         return None
 

@@ -335,28 +335,26 @@ def test_first_tokens_compare_on_the_replies_both_began():
     assert same_first_tokens(default, wave("server", [])) is None
 
 
-def test_the_slowest_user_compares_on_the_replies_both_modes_began_and_finished():
-    """`same_slowest`: each user's speed over the (user, reply) pairs both modes began in the window and
-    finished, the slowest of them in each mode. A reply only one mode reached (a slow prompt the faster
-    mode got to) and the first wave (begun before the window) are left out of both."""
+def test_the_slowest_user_compares_on_the_replies_both_modes_finished():
+    """`same_slowest`: each user's speed over the (user, reply) pairs both modes finished, the slowest of
+    them in each mode. A reply only one mode reached (a slow prompt the faster mode got to) and the first
+    wave (every user's first prompt at once) are left out of both."""
     from benchmarks.capacity import WaveRecord, same_slowest
 
-    def wave(mode, replies, began):
+    def wave(mode, replies):
         return WaveRecord(users=2, mode=mode, rtt_ms=14, emulated="x", aggregate_tok_s=0, user_p50_tok_s=0,
                           user_p99_tok_s=0, user_min_tok_s=0, first_token_p50_s=0, first_token_p99_s=0,
                           users_at_20_tok_s=0, passes_per_token=0, acceptance=0, utilization=0, differing=0,
-                          errors=[], time_scale=10, replies=replies,
-                          first_token_by_reply=[(user, k, 0.05) for user, k in began])
+                          errors=[], time_scale=10, replies=replies)
 
-    server = wave("server", [(0, 0, 1.0, 96), (0, 1, 3.0, 96), (1, 0, 1.0, 96), (1, 1, 4.0, 96)],
-                  began=[(0, 1), (1, 1)])
+    server = wave("server", [(0, 0, 1.0, 96), (0, 1, 3.0, 96), (1, 0, 1.0, 96), (1, 1, 4.0, 96)])
     # user 1's reply 2 is slow and the default mode's alone; reply 0 of each is the first wave
     default = wave("default", [(0, 0, 9.0, 96), (0, 1, 2.0, 96), (1, 0, 9.0, 96), (1, 1, 3.0, 96),
-                               (1, 2, 48.0, 96)], began=[(0, 1), (1, 1), (1, 2)])
+                               (1, 2, 48.0, 96)])
     slow_default, slow_server, users, replies = same_slowest(default, server)
     assert (users, replies) == (2, 2)
     assert slow_default == pytest.approx(96 / 3.0 * 10) and slow_server == pytest.approx(96 / 4.0 * 10)
-    assert same_slowest(default, wave("server", [], began=[])) is None
+    assert same_slowest(default, wave("server", [(0, 0, 1.0, 96)])) is None  # the first wave alone
 
 
 def test_a_recorded_guess_stays_first_where_a_new_evaluation_breaks_a_near_tie_the_other_way():
