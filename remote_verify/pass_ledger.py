@@ -47,6 +47,11 @@ SLACK_TOKENS = 1.0  # the deficit a member may run: (1 - MEMORY) x this a pass a
 ALLOWANCE = 0.03
 BANK_TOKENS = 6.0  # gains banked at most: about ten passes twice the plain one's cost, at 1.4 tokens a pass
 FIRST_TOKEN_ROOM = SLACK_TOKENS  # a reply's first member starts even: its pass costs at most 2x the plain one
+# While a prompt is read in pieces (too long to go whole beside the streams: remote_verify/scheduler.py),
+# every pass until its first token delays it, and a piece goes in every other pass: at a room of
+# FIRST_TOKEN_ROOM each could cost twice the plain pass, and the emulated 32B at 64 users read a long
+# prompt's first token 2.6x server-only's at p99 over the same replies. Meanwhile no room exceeds this.
+PREFILL_ROOM = 0.2
 
 
 class PassLedger:

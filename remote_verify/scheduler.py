@@ -80,7 +80,7 @@ import numpy as np
 from remote_verify.backends.target import Pass, run_passes
 from remote_verify.device_priority import lower_this_thread
 from remote_verify.pass_costs import PassCosts
-from remote_verify.pass_ledger import PassLedger
+from remote_verify.pass_ledger import PREFILL_ROOM, PassLedger
 from remote_verify.plain_load import PlainLoad
 from remote_verify.stream_drafts import PassSoFar
 from wire.limits import BATCH_TOKENS, MEMBER_TOKENS
@@ -230,6 +230,7 @@ class DeviceQueue:
         self._seen: dict[Hashable, float] = {}  # when each session last sent work
         self._rounds_ahead = 0  # passes of rounds run before the piece due by charge
         self._pieced = True  # the last pass formed held a prefill's piece (at the start: rounds go first)
+        self._prefill_waiting = False  # the pass being formed holds a piece of a prompt, or one waits (`PREFILL_ROOM`)
         self._round_s: float | None = None  # a pass holding no prefill piece takes this long (decayed mean)
         self._piece_memo: dict = {}  # piece limits found while forming the current turn
         self.ledger = PassLedger()  # each session's gain against a plain stream (fair shared passes)
@@ -338,6 +339,9 @@ class DeviceQueue:
             taken = [first]
             if isinstance(first.work, Shareable):  # a pass (bookkeeping runs no pass)
                 self._pieced = first.rest is not None
+                # a prompt read in pieces waits for every pass until its first token, those it is in and
+                # those between its pieces: while one does, guesses may lengthen no pass by much
+                self._prefill_waiting = first.cut or any(self._prefills(each) for each in line)
             work = first.work
             self._charged[session] += self._charge(self._size(work)) if isinstance(work, Shareable) else 1
             if self.batch_tokens and isinstance(work, Shareable) and hasattr(work.backend, "forward_many"):
@@ -609,6 +613,8 @@ class DeviceQueue:
         starts = [_starting(item.work) for item in items]
         plain_s = self._plain_s(items, mandatory, costs) if self.fair and len(items) > 1 else None
         rooms = [self.ledger.room(item.session, starting) for item, starting in zip(items, starts)]
+        if self._prefill_waiting:  # a first token waits for this pass, in it or after it: a session's first
+            rooms = [min(room, PREFILL_ROOM) for room in rooms]  # token is not queued behind others' guesses
         starting_of = {id(item): starting for item, starting in zip(items, starts)}
         gains: list[float | None] = [None] * len(items)  # planned members' expected kept guesses
         for i, item in enumerate(items):

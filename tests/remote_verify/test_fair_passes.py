@@ -16,8 +16,8 @@ import time
 import pytest
 
 from remote_verify.pass_costs import PassCosts
-from remote_verify.pass_ledger import FIRST_TOKEN_ROOM, SLACK_TOKENS
-from remote_verify.scheduler import DeviceQueue
+from remote_verify.pass_ledger import FIRST_TOKEN_ROOM, PREFILL_ROOM, SLACK_TOKENS
+from remote_verify.scheduler import UNCUT_TOKENS, DeviceQueue
 from remote_verify.session import Session, SessionLimits
 from remote_verify.stream_drafts import StreamDrafts
 from wire.protocol import Draft, Generate, SamplingParams
@@ -57,13 +57,15 @@ def guessing_stream(backend, costs: PassCosts) -> tuple[Session, object]:
 
 
 def one_shared_pass(backend, fair: bool, other: str, behind: bool, costs: PassCosts | None = None,
-                    banked: int = 0, behind_passes: int = 3, readers: int = 0) -> tuple[int, int]:
+                    banked: int = 0, behind_passes: int = 3, readers: int = 0,
+                    long_prompt: bool = False) -> tuple[int, int]:
     """(tokens the shared pass fed, the tokens its members had to feed) for the guessing stream and
     `other` ("plain": a stream one token in, no guesses; "first": a reply's prompt and first token),
     on the queue's cost curve `costs` (a compute-bound device's by default); `banked`: passes in which the
     plain stream made five tokens where the plain pass would have made one, before it fell behind;
     `readers`: other users of the service, reading a second after replies of 96 tokens that took 0.1 s here
-    (guesses kept), none in this pass."""
+    (guesses kept), none in this pass; `long_prompt`: a third session's prompt, too long to go whole beside
+    the streams, waits to be read in pieces (the pass measured is then the first, before its pieces)."""
     costs = costs if costs is not None else compute_bound()
     queue = DeviceQueue("fair-test", costs=costs)
     queue.fair = fair
@@ -84,6 +86,8 @@ def one_shared_pass(backend, fair: bool, other: str, behind: bool, costs: PassCo
         for began in (now - 1.7, now - 0.6):
             queue.plain_load.member(("reader", reader), True, 1.0, began, began + 0.01)
             queue.plain_load.member(("reader", reader), False, 95.0, began + 0.01, began + 0.1)
+    reader = Session(backend, SamplingParams(), seed=3, limits=SessionLimits())
+    reader.start_generation(Generate(seq=1, committed_len=0, append=list(range(10, 10 + 3 * UNCUT_TOKENS))))
     gate = threading.Event()
 
     async def main():
@@ -91,18 +95,22 @@ def one_shared_pass(backend, fair: bool, other: str, behind: bool, costs: PassCo
         await asyncio.sleep(0.05)
         jobs = [asyncio.ensure_future(queue.run("guesser", guessing)),
                 asyncio.ensure_future(queue.run("plain", work))]
+        if long_prompt:
+            jobs.append(asyncio.ensure_future(queue.run("reader", reader.stream_work())))
         await asyncio.sleep(0.05)
         gate.set()
         await held
         await asyncio.gather(*jobs)
 
+    before = len(backend.passes)  # the sessions' own first steps, above
     try:
         asyncio.run(main())
     finally:
         queue.shutdown()
         guesser.close()
         plain.close()
-    return backend.passes[-1], mandatory
+        reader.close()
+    return backend.passes[before if long_prompt else -1], mandatory
 
 
 @pytest.fixture()
@@ -145,6 +153,18 @@ def test_a_first_token_never_waits_for_other_members_guesses(backend):
     assert mandatory < fed and costs.seconds(fed) <= (1 + FIRST_TOKEN_ROOM) * costs.seconds(mandatory) + 1e-9
     fed_unfair, mandatory = one_shared_pass(backend, fair=False, other="first", behind=False)
     assert costs.seconds(fed_unfair) > (1 + FIRST_TOKEN_ROOM) * costs.seconds(mandatory)
+
+
+def test_a_prompt_read_in_pieces_is_not_queued_behind_other_members_guesses(backend):
+    """A long prompt waits to be read in pieces (every pass until its first token delays it, those
+    between its pieces too) while a guessing stream and a plain stream share a pass: the pass costs at most
+    1 + PREFILL_ROOM times the plain pass, where the plain stream's even ledger alone lets it cost 1 + SLACK
+    (planted: the rule off, the first pass takes those guesses and the check fails)."""
+    costs = compute_bound()
+    fed, mandatory = one_shared_pass(backend, fair=True, other="plain", behind=False, long_prompt=True)
+    assert costs.seconds(fed) <= (1 + PREFILL_ROOM) * costs.seconds(mandatory) + 1e-9
+    fed_alone, _ = one_shared_pass(backend, fair=True, other="plain", behind=False)
+    assert costs.seconds(fed_alone) > (1 + PREFILL_ROOM) * costs.seconds(mandatory)  # no prompt waits: the room is used
 
 
 def test_a_pass_is_priced_by_passes_of_about_as_many_members(backend, monkeypatch):
