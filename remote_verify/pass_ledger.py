@@ -27,6 +27,8 @@ A member starting a reply (its pass feeds a prompt and makes the first token) st
 room is SLACK_TOKENS, whatever its ledger from earlier replies, so the pass that carries a first
 token costs at most twice the plain pass. (A tighter room for first tokens, 1.2x, bound nearly
 every pass at 64 users, where some reply starts in almost every pass: guesses all but stopped.)
+A prompt too long to go whole is read a piece every other pass, and every pass until its first token
+delays it: while one is, no member's room exceeds PREFILL_ROOM (the queue applies it).
 Its place in a pass is never taken by guesses: the queue fits members by the tokens they must
 feed, and guesses fill what is left.
 

@@ -61,7 +61,9 @@ much more than the plain pass (every member's own tokens, no guesses) the pass m
 member's ledger of gains against a plain stream (remote_verify/pass_ledger.py); guesses fill only
 that, so no member pays for another's guesses beyond a small deficit. The plain pass holds the streams
 server-only would run under the same users: the members, and where users read between replies, the
-further streams its longer replies would keep open (remote_verify/plain_load.py). Whether on or off, a reply's
+further streams its longer replies would keep open (remote_verify/plain_load.py). While a prompt is read in
+pieces (in the pass, or waiting for its next) no room exceeds PREFILL_ROOM: every pass until its first token
+delays it, those between its pieces too. Whether on or off, a reply's
 first token is never left out of a pass for guesses: members are fitted by the tokens they must feed.
 """
 
