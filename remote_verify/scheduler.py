@@ -343,7 +343,7 @@ class DeviceQueue:
                 self._pieced = first.rest is not None
                 # a prompt read in pieces waits for every pass until its first token, those it is in and
                 # those between its pieces: while one does, guesses may lengthen no pass by much
-                self._prefill_waiting = first.cut or any(self._prefills(each) for each in line)
+                self._prefill_waiting = self.fair and (first.cut or any(self._prefills(each) for each in line))
             work = first.work
             self._charged[session] += self._charge(self._size(work)) if isinstance(work, Shareable) else 1
             if self.batch_tokens and isinstance(work, Shareable) and hasattr(work.backend, "forward_many"):
