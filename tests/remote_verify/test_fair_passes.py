@@ -86,8 +86,10 @@ def one_shared_pass(backend, fair: bool, other: str, behind: bool, costs: PassCo
         for began in (now - 1.7, now - 0.6):
             queue.plain_load.member(("reader", reader), True, 1.0, began, began + 0.01)
             queue.plain_load.member(("reader", reader), False, 95.0, began + 0.01, began + 0.1)
-    reader = Session(backend, SamplingParams(), seed=3, limits=SessionLimits())
-    reader.start_generation(Generate(seq=1, committed_len=0, append=list(range(10, 10 + 3 * UNCUT_TOKENS))))
+    prompted = None  # the session whose long prompt waits (`long_prompt`)
+    if long_prompt:
+        prompted = Session(backend, SamplingParams(), seed=3, limits=SessionLimits())
+        prompted.start_generation(Generate(seq=1, committed_len=0, append=list(range(10, 10 + 3 * UNCUT_TOKENS))))
     gate = threading.Event()
 
     async def main():
@@ -95,8 +97,8 @@ def one_shared_pass(backend, fair: bool, other: str, behind: bool, costs: PassCo
         await asyncio.sleep(0.05)
         jobs = [asyncio.ensure_future(queue.run("guesser", guessing)),
                 asyncio.ensure_future(queue.run("plain", work))]
-        if long_prompt:
-            jobs.append(asyncio.ensure_future(queue.run("reader", reader.stream_work())))
+        if prompted is not None:
+            jobs.append(asyncio.ensure_future(queue.run("prompted", prompted.stream_work())))
         await asyncio.sleep(0.05)
         gate.set()
         await held
@@ -109,7 +111,8 @@ def one_shared_pass(backend, fair: bool, other: str, behind: bool, costs: PassCo
         queue.shutdown()
         guesser.close()
         plain.close()
-        reader.close()
+        if prompted is not None:
+            prompted.close()
     return backend.passes[before if long_prompt else -1], mandatory
 
 
