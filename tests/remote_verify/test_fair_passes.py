@@ -16,7 +16,7 @@ import time
 import pytest
 
 from remote_verify.pass_costs import PassCosts
-from remote_verify.pass_ledger import FIRST_TOKEN_ROOM, PREFILL_ROOM, SLACK_TOKENS
+from remote_verify.pass_ledger import FIRST_TOKEN_ROOM, PREFILL_ROOM, SLACK_TOKENS, PassLedger
 from remote_verify.scheduler import UNCUT_TOKENS, DeviceQueue
 from remote_verify.session import Session, SessionLimits
 from remote_verify.stream_drafts import StreamDrafts
@@ -145,6 +145,21 @@ def test_a_fresh_member_lets_guesses_cost_its_slack_at_most(backend):
     fed, mandatory = one_shared_pass(backend, fair=True, other="plain", behind=False)
     assert fed > mandatory  # guesses do fill the room there is
     assert costs.seconds(fed) <= (1 + SLACK_TOKENS) * costs.seconds(mandatory) + 1e-9
+
+
+def test_a_member_whose_every_pass_others_fill_to_its_room_stays_within_three_percent_of_a_plain_stream():
+    """A plain stream (one token a pass) shares every pass with guessers that fill it to the stream's room:
+    each pass costs 1 + its room times the plain pass. Over a thousand passes it makes at least 0.965 of
+    the tokens a plain stream makes in the same time: the issue's 0.95x with a margin for what the ledger
+    does not see (its prices are estimates; a faster service is asked more prompts under a closed loop).
+    With the allowance at 0.03 (the bound at the issue's 0.95x itself: planted, as it was) it reads 0.953."""
+    ledger = PassLedger()
+    made = spent = 0.0
+    for _ in range(1000):
+        ratio = 1.0 + max(0.0, ledger.room("plain", starting=False))
+        ledger.after_pass("plain", 1.0, ratio)
+        made, spent = made + 1.0, spent + ratio
+    assert made / spent >= 0.965
 
 
 def test_a_first_token_never_waits_for_other_members_guesses(backend):
