@@ -63,8 +63,7 @@ that, so no member pays for another's guesses beyond a small deficit. The plain 
 server-only would run under the same users: the members, and where users read between replies, the
 further streams its longer replies would keep open (remote_verify/plain_load.py). While a prompt is read in
 pieces (in the pass, or waiting for its next) no room exceeds PREFILL_ROOM: every pass until its first token
-delays it, those between its pieces too. A prompt's last piece leaves what it does not use of the piece limit
-to the next long prompt's first (`_join_piece`). Whether on or off, a reply's
+delays it, those between its pieces too. Whether on or off, a reply's
 first token is never left out of a pass for guesses: members are fitted by the tokens they must feed.
 """
 
@@ -351,7 +350,6 @@ class DeviceQueue:
                 joinable = sum(1 for each in line if _shares_with(self._waiting[each][0].work, work))
                 left = self.budget(1 + joinable) - self._size(work)
                 piece = None  # the turn's prefill piece limit, priced when a second member is considered
-                long_prompts = []  # sessions whose prompts are too long to join whole
                 for session in line:
                     if left <= 0:
                         break
@@ -366,43 +364,7 @@ class DeviceQueue:
                         taken.append(self._take(session))
                         self._charged[session] += self._charge(size)
                         left -= size
-                    elif self._prefills(session):
-                        long_prompts.append(session)
-                # a prompt's last piece in this pass leaves the rest of the piece limit to the next prompt's first
-                last_pieces = [item for item in taken if item.cut and item.rest is None]
-                spare = 0
-                if long_prompts and last_pieces and not any(item.rest is not None for item in taken):
-                    spare = piece - sum(self._size(item.work) for item in last_pieces)
-                for session in long_prompts:
-                    if min(spare, left) < UNCUT_TOKENS:
-                        break
-                    joined = self._join_piece(session, min(spare, left))
-                    if joined is not None:
-                        taken.append(joined)
-                        spare -= self._size(joined.work)
-                        left -= self._size(joined.work)
             return taken
-
-    def _join_piece(self, session: Hashable, limit: int) -> _Item | None:
-        """`session`'s waiting prompt cut to a first piece of at most `limit` tokens, to share the pass of
-        another prompt's last piece; None (left in line for its own turn) where it cannot be cut so.
-        Each long prompt had passes of its own, one after another: where replies end together (a closed
-        loop's users, replies of one length), the fourth of four waited for six passes before its first
-        piece (the emulated 7B at 64 users: first tokens 2.9x and 4x server-only's). Its own turn's rules stand:
-        the pieces of a pass stay within one piece limit, so the streams beside them wait no longer."""
-        if self._waiting[session][0].gone():
-            return None  # its own turn drops it
-        self._turns.remove(session)
-        joined = self._take(session)
-        self._cut(joined, limit)
-        if isinstance(joined.work, Shareable):
-            self._charged[session] += self._charge(self._size(joined.work))
-            return joined
-        # refused while cut (a bad request): it runs alone in its own turn, which answers its owner
-        self._waiting.setdefault(session, deque()).appendleft(joined)
-        if session not in self._turns:
-            self._turns.append(session)
-        return None
 
     def _charge(self, tokens: int) -> float:
         """What feeding `tokens` in a pass adds to a session's place in line: the device time of a pass of
@@ -717,10 +679,8 @@ class DeviceQueue:
     def _time_pieces(self, members: list[tuple[_Item, Planned]], forward_s: float) -> None:
         """Keep what a pass of rounds takes, and what each prefill piece in this pass took."""
         pieces = [(item, planned) for item, planned in members if item.rest is not None]
-        shared = sum(1 for item, _ in members if item.cut) > 1  # a first piece beside another's last
-        for item, planned in pieces:  # (sized by such a pass, its next piece would take the other's cost too)
-            if not shared:
-                item.piece_tokens, item.piece_s = len(planned.share.tokens), forward_s
+        for item, planned in pieces:
+            item.piece_tokens, item.piece_s = len(planned.share.tokens), forward_s
         if not pieces:
             self._round_s = forward_s if self._round_s is None else \
                 ROUND_MEMORY * self._round_s + (1 - ROUND_MEMORY) * forward_s

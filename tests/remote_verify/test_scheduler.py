@@ -394,47 +394,6 @@ def test_a_long_feed_runs_in_pieces_that_take_turns_and_verifies_as_one_pass(lla
             session.close()
 
 
-def test_a_prompts_first_piece_shares_the_pass_of_anothers_last_piece(llamacpp_target, monkeypatch):
-    """Two replies of 120-token prompts queued together, pieces of at most 100 tokens: the second prompt's
-    first piece goes in the pass of the first's last piece (what that leaves of the 100), so the second's
-    first token is not kept behind every pass of the first; each pass feeds at most one piece limit of
-    prompts, and both verdicts are the ones a single pass gives. (Planted, each prompt in passes of its
-    own: no pass holds both.)"""
-    from wire.protocol import Verify
-
-    def run(join: bool):
-        backend = RecordingBackend(llamacpp_target)
-        sessions = _sessions(backend, "pq")
-        queue = DeviceQueue("test")
-        monkeypatch.setattr(queue, "_piece_limit", lambda session, work: 100)  # this queue's only
-        if not join:
-            monkeypatch.setattr(queue, "_join_piece", lambda session, limit: None)
-        prompts = {name: [(seed * i) % 300 + 1 for i in range(120)] for name, seed in (("p", 7), ("q", 11))}
-        try:
-            jobs = [(name, sessions[name].verify_work(Verify(seq=1, committed_len=0, append=prompts[name], draft=[5, 6])))
-                    for name in "pq"]
-            results = run_held(queue, jobs)
-            return backend.passes, results, prompts
-        finally:
-            for session in sessions.values():
-                session.close()
-
-    passes, results, prompts = run(join=True)
-    both = [members for members in passes if {name for name, _ in members} == {"p", "q"}]
-    assert both and all(sum(tokens for _, tokens in members) <= 100 + 3 for members in both), passes
-    assert len(passes) == 3, passes  # not two passes each
-    for name, result in zip("pq", results):
-        alone = _sessions(RecordingBackend(llamacpp_target), name)[name]
-        try:
-            expected = alone.verify(Verify(seq=1, committed_len=0, append=prompts[name], draft=[5, 6]))
-        finally:
-            alone.close()
-        assert (result[0].accepted, result[0].token, result[0].committed_len) == (
-            expected.accepted, expected.token, expected.committed_len)
-    planted, _, _ = run(join=False)
-    assert not [members for members in planted if {name for name, _ in members} == {"p", "q"}], planted
-
-
 def test_a_feed_whose_charge_was_forgotten_mid_piece_goes_on(llamacpp_target):
     """A long prompt's session goes quiet to the queue while its pieces run (it waits for nothing in
     line), and the queue forgets quiet sessions' charges: its next piece, put back in line, still gets
