@@ -68,8 +68,10 @@ from benchmarks.emulation.serve import start_emulated_service
 from wire.protocol import SamplingParams
 
 # chain: the default mode with trees off; trees2 / trees4 / trees8: with every tree that wide (the
-# controller's choice between trees and chains bypassed, to compare shapes)
-PINNED_TREE_MODES = {"trees2": 2, "trees4": 4, "trees8": 8}
+# controller's choice between trees and chains bypassed, to compare shapes); trees16 / trees32: wider
+# than any drafter profile measures (the batch cost continued along its last slope), for bounds beside the
+# free-branches-0.5b profile
+PINNED_TREE_MODES = {"trees2": 2, "trees4": 4, "trees8": 8, "trees16": 16, "trees32": 32}
 MODES = ("default", "chain", *PINNED_TREE_MODES, "server", "rounds", "k0")
 USERS_RATE = 20.0  # tokens/s a user should get: "users served at 20 tokens/s or more"
 

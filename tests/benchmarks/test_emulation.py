@@ -48,6 +48,9 @@ def test_a_drafter_profile_prices_a_level_of_branches_by_its_sourced_batch_cost(
     assert gpu.batch_cost(1) == 1.0 and gpu.batch_cost(8) == pytest.approx(1.6)
     assert metal.batch_cost(4) == pytest.approx(2.1) and metal.level_ms(4) == pytest.approx(2.1 * metal.token_ms)
     assert "batch_cost" in gpu.sources and "batch_cost" in metal.sources
+    bound = load_profile("free-branches-0.5b")  # the bound: the laptop drafter, its branches free
+    assert bound.token_ms == gpu.token_ms and bound.prefill_ms_per_token == gpu.prefill_ms_per_token
+    assert bound.level_ms(8) == bound.level_ms(32) == bound.token_ms
     assert DrafterProfile(name="plain", token_ms=1.0, prefill_ms_per_token=1.0).batch_cost(4) == 4.0
 
 
