@@ -57,7 +57,8 @@ def test_a_cancelled_stream_keeps_its_tokens_and_the_session_goes_on(service, cl
 
 
 def test_requests_during_a_stream_and_bad_generates_are_refused_clearly(service, close_draft):
-    """A Verify while streaming gets "busy"; max_tokens 0 gets "bad_request"; the stream goes on to its end."""
+    """A Verify while streaming gets "busy"; max_tokens 0 gets "bad_request"; the stream goes on until
+    cancelled, and the session stays intact."""
     with connect(service.url, subprotocols=[SUBPROTOCOL]) as ws:
         ws.send(encode(hello_for(close_draft)))
         assert isinstance(decode_server_message(ws.recv()), Welcome)
@@ -66,7 +67,7 @@ def test_requests_during_a_stream_and_bad_generates_are_refused_clearly(service,
         assert isinstance(reply, Error) and reply.code == "bad_request" and "max_tokens" in reply.message
         # far more tokens than the stream can make while one frame crosses the socket, so the
         # Verify is read while it streams however fast the machine is; a Cancel ends it
-        ws.send(encode(Generate(seq=1, committed_len=0, append=[1, 2, 3], max_tokens=400)))
+        ws.send(encode(Generate(seq=1, committed_len=0, append=[1, 2, 3], max_tokens=2000)))
         frames = [decode_server_message(ws.recv(timeout=30))]
         assert isinstance(frames[0], Generated) and not frames[0].done
         ws.send(encode(Verify(seq=2, committed_len=4, draft=[5])))
@@ -81,7 +82,7 @@ def test_requests_during_a_stream_and_bad_generates_are_refused_clearly(service,
             assert isinstance(message, Generated), message
             frames.append(message)
         made = sum(len(f.tokens) for f in frames)
-        assert frames[-1].stop_reason == "cancelled" and 1 <= made < 400
+        assert frames[-1].stop_reason == "cancelled" and 1 <= made < 2000
         ws.send(encode(Verify(seq=2, committed_len=3 + made, draft=[])))  # the session is intact
         assert isinstance(decode_server_message(ws.recv(timeout=30)), Verdict)
 
