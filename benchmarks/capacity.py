@@ -2,11 +2,12 @@
 
     .venv/bin/python -m benchmarks.load --emulate PROFILE [--drafter laptop-gpu-0.5b] [--rtt-ms 14]
         [--users 1,4,16,32,64] [--modes default,chain,server] [--kinds code,chat,prose,repeat] [--max-tokens 96]
-        [--seconds 3] [--time-scale F] [--reply-every S] [--json FILE]
+        [--seconds 3] [--time-scale F] [--reply-every S | --think S] [--json FILE]
     .venv/bin/python -m benchmarks.load --emulate list      # the profiles, one a line
 
 The service is the product's (remote_verify/server.py, its scheduler sharing passes between
-sessions) on an emulated target: the default pair's recorded greedy decisions, each pass held
+sessions) on an emulated target: the default pair's recorded decisions (greedy; or sampled, with
+`--recording` naming a sampled recording, whose sampling and seed every user asks with), each pass held
 for the time the target profile gives a pass of its shape (benchmarks/emulation/). Each user is
 a real client in its own thread with its own connection through the latency proxy (`--rtt-ms`),
 in the mode named, with an emulated drafter (the drafter profile; the real drafter's recorded
@@ -24,6 +25,13 @@ and their prompts' prefills take device time the other mode never spent (the emu
 users, a 15-second window: the default mode began 116 replies, server-only 64), so a user's tokens
 in the window compare two different loads. Paced, each user's speed over its own replies (tokens
 over their time from request to last token, first token included) compares one load.
+
+`--think S` keeps the closed loop but puts a wait between a reply's end and the user's next prompt,
+S emulated seconds on average (exponential), as a person reads a reply: each user draws its waits
+from its own seeded generator, so both modes wait the same. Without waits, users who all run at one
+rate (server-only) keep forever the spacing they arrived with, so each of their prompts arrives
+alone, while users who run at their own text's rate (the default mode) lose it within a reply and
+their prompts meet: the first token then compares an evenness no users keep.
 
 `chain` is the default mode with trees off: the chains it drafts where trees do not pay, for
 comparing the two shapes where they do.
@@ -53,6 +61,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import random
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -154,13 +163,15 @@ class WaveRecord:
     # first: a user's speed as it waits for its replies, whatever else the window held (`--reply-every`)
     reply_rates: list[float] = field(default_factory=list)
     pace_s: float = 0.0  # --reply-every (emulated s; 0: a user asks its next prompt when a reply ends)
+    think_s: float = 0.0  # --think (emulated s, the mean wait between a reply's end and the next prompt)
+    sampling: str = "greedy"  # the recording's: "greedy", or its temperature, top-k, top-p and seed
 
 
 def prompt_set(recording: Recording, kinds: list[str]) -> list:
     return [entry for entry in recording.entries if entry.kind in kinds]
 
 
-def _generator(mode: str, draft: EmulatedDraft, client, params: SamplingParams):
+def _generator(mode: str, draft: EmulatedDraft, client, params: SamplingParams, seed: int | None = None):
     from local_draft.server_only import ServerOnlyGenerator
     from local_draft.speculator import Speculator
     from local_draft.stream_speculator import StreamSpeculator
@@ -170,25 +181,29 @@ def _generator(mode: str, draft: EmulatedDraft, client, params: SamplingParams):
     if mode in ("default", "chain") or mode in PINNED_TREE_MODES:
         # the emulated service stands for a GPU elsewhere, behind the proxy's round trip (its
         # loopback address would otherwise count it as sharing this machine's cores)
-        return StreamSpeculator(draft, client, params, colocated=False, trees=mode != "chain",
+        return StreamSpeculator(draft, client, params, seed=seed, colocated=False, trees=mode != "chain",
                                 tree_width=PINNED_TREE_MODES.get(mode))
     if mode == "rounds":
-        return Speculator(draft, client, params, k=None, pipeline=True)
+        return Speculator(draft, client, params, k=None, pipeline=True, seed=seed)
     if mode == "k0":
-        return Speculator(draft, client, params, k=0)
+        return Speculator(draft, client, params, k=0, seed=seed)
     raise ValueError(f"unknown mode {mode!r}: choose one of {', '.join(MODES)}")
 
 
 def _user(index: int, mode: str, url: str, draft: EmulatedDraft, entries: list, max_tokens: int,
           start: threading.Barrier, window: list[float], record: UserRecord, stagger_s: float = 0.0,
-          pace_s: float = 0.0) -> None:
+          pace_s: float = 0.0, think_s: float = 0.0) -> None:
     from local_draft.verify_client import VerifyClient
 
-    params = SamplingParams()
+    # a user's waits between replies: its own seeded draws, so the k-th wait is the same in every mode
+    waits = random.Random(index)
+    # a sampled recording's text is its seed's: every user asks with the recording's sampling and seed
+    params, seed = draft.recording.params, draft.recording.seed
     client = None
     try:
-        client = VerifyClient(url, draft.hello(params, client=f"benchmarks.capacity ({mode})"), stall_timeout_s=120.0)
-        generator = _generator(mode, draft, client, params)
+        client = VerifyClient(url, draft.hello(params, seed=seed, client=f"benchmarks.capacity ({mode})"),
+                              stall_timeout_s=120.0)
+        generator = _generator(mode, draft, client, params, seed)
         start.wait()
         time.sleep(stagger_s)  # users arrive spread over the warm-up, not in one herd that stays in step
         reply = 0
@@ -216,6 +231,9 @@ def _user(index: int, mode: str, url: str, draft: EmulatedDraft, entries: list, 
                 record.differing.append(f"user {index}, {entry.text[:30]!r}: differs at token {at}")
             if pace_s:  # the next reply is due pace_s after this one began, whenever this one ended
                 time.sleep(max(0.0, min(began + pace_s, window[1]) - time.perf_counter()))
+            elif think_s:  # a person reads the reply, then asks again
+                wait = waits.expovariate(1.0 / think_s)
+                time.sleep(max(0.0, min(time.perf_counter() + wait, window[1]) - time.perf_counter()))
     except threading.BrokenBarrierError:
         record.error = f"user {index}: another user failed before the start"
     except Exception as exc:  # reported, never raised from a thread
@@ -238,22 +256,26 @@ class _Count(logging.Handler):
 
 
 def run_wave(url: str, mode: str, users: int, drafts: list[EmulatedDraft], entries: list, max_tokens: int,
-             seconds: float, busy_seconds, pace_s: float = 0.0) -> tuple[list[UserRecord], tuple[float, float], float, int]:
-    """Every user generating for `seconds` (wall), a reply every `pace_s` (wall; 0: one after another);
+             seconds: float, busy_seconds, pace_s: float = 0.0,
+             think_s: float = 0.0) -> tuple[list[UserRecord], tuple[float, float], float, int]:
+    """Every user generating for `seconds` (wall), a reply every `pace_s` (wall; 0: one after another, with
+    a wait of `think_s` on average between them);
     returns their records, the window, the device's busy seconds in it and the links the clients' ping
     watch cut."""
     cuts = _Count()
     watch_log = logging.getLogger("local_draft.ping_watch")
     watch_log.addHandler(cuts)
     try:
-        records, window, busy = _run_wave(url, mode, users, drafts, entries, max_tokens, seconds, busy_seconds, pace_s)
+        records, window, busy = _run_wave(url, mode, users, drafts, entries, max_tokens, seconds, busy_seconds, pace_s,
+                                          think_s)
     finally:
         watch_log.removeHandler(cuts)
     return records, window, busy, cuts.count
 
 
 def _run_wave(url: str, mode: str, users: int, drafts: list[EmulatedDraft], entries: list, max_tokens: int,
-              seconds: float, busy_seconds, pace_s: float) -> tuple[list[UserRecord], tuple[float, float], float]:
+              seconds: float, busy_seconds, pace_s: float,
+              think_s: float = 0.0) -> tuple[list[UserRecord], tuple[float, float], float]:
     records = [UserRecord() for _ in range(users)]
     start = threading.Barrier(users + 1)
     window = [0.0, float("inf")]
@@ -262,7 +284,7 @@ def _run_wave(url: str, mode: str, users: int, drafts: list[EmulatedDraft], entr
     warm_up = max(seconds / 5, pace_s)
     spread = pace_s or warm_up / 2
     threads = [threading.Thread(target=_user, args=(i, mode, url, drafts[i], entries, max_tokens, start, window,
-                                                    records[i], spread * i / users, pace_s), daemon=True)
+                                                    records[i], spread * i / users, pace_s, think_s), daemon=True)
                for i in range(users)]
     for thread in threads:
         thread.start()
@@ -368,12 +390,13 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
                  recording_path: Path = DEFAULT_RECORDING, vocab_path: Path | None = None,
                  on_record=None, thin_acceptance: float | None = None, level=None,
                  on_served=None, fair: bool = True, batch_tokens: int | None = None,
-                 pace_s: float = 0.0) -> list[WaveRecord]:
+                 pace_s: float = 0.0, think_s: float = 0.0) -> list[WaveRecord]:
     """Every (round trip, users, mode) wave; `vocab_path`: the GGUF of the recording's vocabulary
     (default: the default pair's draft). With `level` (a service_level.ServiceLevel), instead, per
     round trip and mode, the users served at that level, by a search over user counts from the
     first of `user_counts` up to its last (`on_served(rtt, mode, users)` is told each). `pace_s`: a user's
-    replies begin that many emulated seconds apart (0: each when the last ends)."""
+    replies begin that many emulated seconds apart (0: each when the last ends, after a wait of `think_s` on
+    average)."""
     from local_draft.draft_model import DraftModel
     from local_draft.verify_client import PING_TIMEOUT_S
     from models.registry import file_path, get_pair
@@ -391,6 +414,9 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
     # the drafters' guesses, thinned to a small drafter's acceptance against a large target (the target's
     # paths, which the service replays, are the same)
     guessed = recording if thin_acceptance is None else thinned(recording, thin_acceptance)
+    sampling = "greedy" if recording.params.greedy else \
+        (f"T {recording.params.temperature:g}, top-k {recording.params.top_k}, top-p {recording.params.top_p:g}, "
+         f"seed {recording.seed}")
     pair = get_pair()
     vocab_path = vocab_path or file_path(pair, pair.draft)
     vocab = DraftModel(vocab_path, vocab_only=True)  # one vocabulary for every user
@@ -412,7 +438,7 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
                 drafts = [EmulatedDraft(vocab, drafter, guessed, time_scale) for _ in range(users)]
                 records, window, busy, cut = run_wave(proxy.url, mode, users, drafts, entries, max_tokens,
                                                       seconds * time_scale, lambda: _metric(url, BUSY),
-                                                      pace_s * time_scale)
+                                                      pace_s * time_scale, think_s * time_scale)
                 label = target_profile if mode == "server" else f"{target_profile} + {drafter_profile}"
                 if not fair and mode != "server":
                     label += " (unfair passes)"
@@ -420,6 +446,7 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
                     label += f" (guesses thinned to {thin_acceptance:g})"
                 label = f"{label} (what-if)" if what_if else label
                 record = summarize(records, window, busy, users, mode, rtt, label, time_scale, pace_s)
+                record.sampling, record.think_s = sampling, think_s
                 record.links_cut = cut
                 if cut:
                     record.errors.insert(0, f"{cut} links cut as stalled by the clients' ping watch: this machine "
@@ -561,6 +588,11 @@ def add_arguments(parser) -> None:
                        help="with --emulate: each user begins a reply S emulated seconds after its last began (when "
                        "it ends, if later): every mode asked the same replies at the same times (default 0: the "
                        "next prompt as soon as a reply ends)")
+    group.add_argument("--think", type=float, default=0.0, metavar="S",
+                       help="with --emulate: after each reply a user waits S emulated seconds on average (exponential, "
+                       "its own seeded draws: the same waits in every mode) before its next prompt, as a person reads "
+                       "a reply (default 0: at once). Without waits, users who all run at one rate (server-only) keep "
+                       "the spacing they arrived with, and each prompt arrives alone")
     group.add_argument("--time-scale", type=float, default=1.0,
                        help="with --emulate: every emulated duration this many times longer, rates reported back")
 
@@ -570,6 +602,10 @@ def main_emulated(args) -> None:
         for name in profile_names():
             print(name)
         return
+    if args.think < 0 or (args.think and args.reply_every):
+        raise SystemExit("--think is the mean emulated seconds a user waits between a reply and its next prompt, 0 or "
+                         f"more, and paced users (--reply-every) have their own times; got --think {args.think:g}"
+                         f"{f' with --reply-every {args.reply_every:g}' if args.reply_every else ''}")
     if args.reply_every < 0:
         raise SystemExit(f"--reply-every is the emulated seconds between a user's replies, 0 or more; got {args.reply_every:g}")
     if not 0 <= args.level_users <= 100:
@@ -590,7 +626,7 @@ def main_emulated(args) -> None:
                                                      f"{first_token_said(r)} (emulated)", flush=True),
                            thin_acceptance=args.thin_acceptance, level=level,
                            on_served=lambda rtt, mode, n: served.append((rtt, mode, n)), fair=args.fair_passes,
-                           batch_tokens=args.batch_tokens, pace_s=args.reply_every)
+                           batch_tokens=args.batch_tokens, pace_s=args.reply_every, think_s=args.think)
     print_records(records)
     if level is not None:
         print_served(args.emulate, served, level, users[-1], args.reply_every)

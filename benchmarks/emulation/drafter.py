@@ -6,8 +6,8 @@ cache of what it has read, so that what a call costs is what the real drafter's 
 (reading n new tokens: the profile's prefill time for n, or a decode step for one; each
 guess after the first a decode step). The time is spent sleeping, so sixty-four emulated
 drafters fit beside a service on two cores. Its guesses come from
-- the recording (greedy runs on the default pair): the real drafter's argmax at every
-  position of the target's path (benchmarks/emulation/recording.py), and where recorded its top
+- the recording (runs on the default pair, greedy or sampled under the recording's seed): the
+  real drafter's guess (its argmax, or its race's winner) at every position of the target's path (benchmarks/emulation/recording.py), and where recorded its top
   few guesses with their probabilities, which a tree's branches take (a level of b branches
   costs the profile's `level_ms(b)`, the first after a frame b plus the committed tokens it
   decodes in the same batch, as the real drafter re-roots its branches: `_reroot`); or
@@ -179,8 +179,7 @@ class EmulatedDraft:
         return tokens
 
     def _recorded_guess(self, context: Sequence[int], params: SamplingParams) -> int:
-        if not params.greedy:
-            raise ReplayError("the recording holds greedy guesses only: run sampled emulation on the tiny models")
+        self._check_params(params)
         entry = self.recording.find(list(context))
         if entry is None:
             raise ReplayError("no recording starts like this context: the replay knows the default prompt set only")
@@ -188,6 +187,11 @@ class EmulatedDraft:
         # After a wrong guess (the context off the recorded path) the real drafter's guess was not
         # recorded: the recorded one stands in, and nobody verifies it (the chain is already wrong).
         return entry.guesses[at] if at < len(entry.guesses) else self.eos_id
+
+    def _check_params(self, params: SamplingParams) -> None:
+        problem = self.recording.params_problem(params)
+        if problem:
+            raise ReplayError(problem)
 
     # ---- trees --------------------------------------------------------------------------
 
@@ -213,8 +217,7 @@ class EmulatedDraft:
             self._branch_paths = {tuple(path) for path in paths}
             self._top_up(began, self._level_ms(grown, fresh, lag))
             return out
-        if not params.greedy:
-            raise ReplayError("the recording holds greedy guesses only: run sampled emulation on the tiny models")
+        self._check_params(params)
         fresh = self._reroot(context)
         if fresh is None and self._cached != list(context):  # a text the branches did not continue: read it
             self._catch_up(context)

@@ -1,13 +1,18 @@
-"""Record the default pair's greedy decisions for the emulator (benchmarks/emulation/recording.py).
+"""Record the default pair's decisions for the emulator (benchmarks/emulation/recording.py).
 
     .venv/bin/python -m benchmarks.emulation.record [--tokens 256] [--out FILE] [--draft GGUF] [--target GGUF]
+        [--temperature T --seed S [--top-k K] [--top-p P]]
     .venv/bin/python -m benchmarks.emulation.record --top-only [--out FILE] [--draft GGUF]
 
 Starts a real verification service on the target (llama.cpp, as `specwire serve` runs it:
-batch-invariant kernels, so its greedy path is the one every mode commits), streams each
-prompt's greedy continuation from it (`--mode server`), then evaluates the draft model token
-by token along that path and keeps its argmax at every position, and its TOP_CHOICES likeliest
-tokens with their probabilities (what a tree's branches take). `--top-only` adds those to a
+batch-invariant kernels, so its path is the one every mode commits), streams each
+prompt's continuation from it (`--mode server`), then evaluates the draft model token
+by token along that path and keeps its guess at every position, and its TOP_CHOICES likeliest
+tokens with their probabilities (what a tree's branches take). Greedy by default: the argmax,
+and the candidates by probability. With `--temperature` the service samples under `--seed` (the
+race over that seed's clocks at each position, as every mode decides), and the drafter's guess
+is its race's winner over the same clocks, its candidates in the race's order
+(`recordings/default-pair-t0.7.json`: `--temperature 0.7 --seed 1 --tokens 128`). `--top-only` adds those to a
 recording made before them, with the drafter alone (the target's path is already recorded). About
 five minutes for the
 default prompt set at 256 tokens on two quiet CPU cores. Each prompt is saved as soon as it is
@@ -31,11 +36,17 @@ log = logging.getLogger(__name__)
 TOP_CHOICES = 8  # as many as the drafter gives a tree's node (local_draft/draft_model.py BRANCH_CHOICES)
 
 
-def drafter_top(draft, context: list[int]) -> list[list]:
-    """The drafter's TOP_CHOICES likeliest tokens after `context`, [token, probability] best first."""
+def drafter_top(draft, context: list[int], params=None, seed: int | None = None) -> list[list]:
+    """The drafter's TOP_CHOICES candidates after `context`, [token, probability] best first: by
+    probability (greedy), or in the order of the race over `seed`'s clocks at that position."""
     from wire.protocol import SamplingParams
+    from wire.randomness import DecisionRandomness
 
-    options = draft.branch_guesses(context, [()], SamplingParams(), lambda position: None)[0]
+    params = params or SamplingParams()
+    randomness = None if params.greedy else DecisionRandomness(seed)
+    clocks_for = (lambda position: None) if randomness is None else (
+        lambda position: randomness.race(position, draft.vocab_size))
+    options = draft.branch_guesses(context, [()], params, clocks_for)[0]
     return [[token, round(p, 4)] for token, p in options[:TOP_CHOICES]]
 
 
@@ -54,7 +65,8 @@ def record_top(recording: Recording, draft_path: Path) -> Recording:
 
     draft = DraftModel(draft_path, n_ctx=4096)
     for entry in recording.entries:
-        entry.top = [drafter_top(draft, entry.prompt + entry.path[:i]) for i in range(len(entry.path))]
+        entry.top = [drafter_top(draft, entry.prompt + entry.path[:i], recording.params, recording.seed)
+                     for i in range(len(entry.path))]
         changed = sum(top[0][0] != guess for top, guess in zip(entry.top, entry.guesses))
         if changed:
             log.warning("%r: the drafter's argmax differs from the recorded guess at %d positions (near-ties "
@@ -66,23 +78,36 @@ def record_top(recording: Recording, draft_path: Path) -> Recording:
     return recording
 
 
-def record(draft_path: Path, target_path: Path, max_tokens: int, out: Path | None = None) -> Recording:
-    """Record every prompt of the default set (those not already in `out`, which is rewritten after each)."""
+def record(draft_path: Path, target_path: Path, max_tokens: int, out: Path | None = None,
+           params=None, seed: int | None = None) -> Recording:
+    """Record every prompt of the default set (those not already in `out`, which is rewritten after each);
+    greedy, or sampled with `params` under `seed`."""
     from local_draft.draft_model import DraftModel
     from local_draft.server_only import ServerOnlyGenerator
     from local_draft.verify_client import VerifyClient
     from wire.protocol import SamplingParams
 
+    params = params or SamplingParams()
+    if not params.greedy and seed is None:
+        raise ValueError("a sampled recording needs a seed: its text is that seed's, and its users ask with it")
     draft = DraftModel(draft_path, n_ctx=4096)
     entries = Recording.load(out).entries if out is not None and out.is_file() else []
     done = {entry.text for entry in entries}
     about = {"draft": draft_path.name, "target": target_path.name, "max_tokens": max_tokens,
              "date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, {platform.processor()}",
              "service": "specwire serve (llama.cpp, batch-invariant), --mode server"}
+    if not params.greedy:
+        about["sampling"] = {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
+                             "seed": seed}
+    recording = Recording([], about)
+    if recording.params != params:  # what the file will say is what was asked
+        raise ValueError(f"{params} would not read back from the recording as itself")
+    if out is not None and out.is_file() and Recording.load(out).params_problem(params):
+        raise ValueError(f"{out} holds a recording made with other sampling: {Recording.load(out).params_problem(params)}")
     service, url = start_service(target_path, "--max-context", "4096")
     try:
         # a long prompt's pass on a busy machine may take a while: a stall is a minute of silence
-        client = VerifyClient(url, draft.hello(SamplingParams(), client="benchmarks.emulation.record"),
+        client = VerifyClient(url, draft.hello(params, seed=seed, client="benchmarks.emulation.record"),
                               stall_timeout_s=60.0)
         streamed = ServerOnlyGenerator(client, draft.end_ids)
         for kind, texts in PROMPTS.items():
@@ -92,7 +117,7 @@ def record(draft_path: Path, target_path: Path, max_tokens: int, out: Path | Non
                 prompt = draft.tokenize(text)
                 result = streamed.generate(prompt, max_tokens)
                 path = result.token_ids
-                top = [drafter_top(draft, prompt + path[:i]) for i in range(len(path))]
+                top = [drafter_top(draft, prompt + path[:i], params, seed) for i in range(len(path))]
                 guesses = [options[0][0] for options in top]
                 right = sum(g == t for g, t in zip(guesses, path))
                 log.info("%s %r: %d tokens (%s), the drafter's guess right at %d of them",
@@ -118,6 +143,10 @@ def main() -> None:
     parser.add_argument("--target", type=Path, help="target GGUF (default: the default pair's)")
     parser.add_argument("--top-only", action="store_true", help="add the drafter's top guesses to the recording "
                         "at --out (no target needed)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); else sampled under --seed")
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, help="with --temperature: the seed every user of the replay asks with")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     pair = get_pair()
@@ -127,8 +156,16 @@ def main() -> None:
         recording.save(args.out)
         print(f"added the drafter's top {TOP_CHOICES} to {len(recording.entries)} prompts in {args.out}")
         return
+    from wire.protocol import SamplingParams
+
+    params = SamplingParams(args.temperature, args.top_k, args.top_p)
+    problems = params.problems()
+    if problems:
+        parser.error("; ".join(problems))
+    if not params.greedy and args.seed is None:
+        parser.error("--temperature needs --seed: a sampled recording's text is its seed's")
     target = args.target or file_path(pair, pair.target)
-    recording = record(Path(draft), Path(target), args.tokens, args.out)
+    recording = record(Path(draft), Path(target), args.tokens, args.out, params, args.seed)
     recording.save(args.out)
     print(f"wrote {len(recording.entries)} prompts to {args.out}")
 

@@ -1,4 +1,4 @@
-"""The default pair's greedy decisions, recorded once from the real models, for the emulator to replay.
+"""The default pair's decisions, recorded once from the real models, for the emulator to replay.
 
 For each prompt of the default prompt set (app/bench/prompts.py): its token ids, the target's
 greedy continuation (`path`: what `--mode server` streams, recorded through a real service),
@@ -13,6 +13,13 @@ What a drafter would guess after a wrong
 guess is not recorded (no verification ever looks at it); the replay repeats the recorded
 guess there, and the stream drops it.
 
+A recording may be sampled instead (`about["sampling"]`: temperature, top-k, top-p and the seed).
+Sampled, every decision is the race over the clocks of the seed at each absolute position
+(wire/randomness.py), on both ends: the path is what the target streams under that seed, a
+guess the drafter's race winner there, and `top` the drafter's candidates in the race's order
+(what a tree's branches take). So the text is a function of the seed, and a replay whose users
+ask with the recording's parameters and seed decides every guess as the real pair would.
+
 `benchmarks/emulation/record.py` makes the file; the emulated target and drafter read it
 (benchmarks/emulation/target.py, drafter.py).
 """
@@ -23,8 +30,11 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from wire.protocol import SamplingParams
+
 RECORDINGS_DIR = Path(__file__).parent / "recordings"
 DEFAULT_RECORDING = RECORDINGS_DIR / "default-pair.json"
+SAMPLED_RECORDING = RECORDINGS_DIR / "default-pair-t0.7.json"  # T 0.7, seed 1
 
 
 @dataclass
@@ -32,8 +42,8 @@ class Recorded:
     kind: str  # the prompt's kind: code, chat, prose, repeat
     text: str
     prompt: list[int]
-    path: list[int]  # the target's greedy continuation
-    guesses: list[int]  # guesses[i]: the drafter's greedy token after prompt + path[:i]
+    path: list[int]  # the target's continuation (greedy, or under the recording's seed)
+    guesses: list[int]  # guesses[i]: the drafter's guess after prompt + path[:i] (its argmax, or race winner)
     stop: str  # "eos": path ends with an end token; "max_tokens": recorded that far
     # top[i]: the drafter's likeliest few tokens after prompt + path[:i], [token, probability] best
     # first (top[i][0][0] is guesses[i]); empty where not recorded (a tree then cannot branch)
@@ -64,6 +74,27 @@ class Recording:
         service reads in pieces: a shared pass gives a long prompt a piece at a time)."""
         return any(len(entry.prompt) > len(tokens) and entry.prompt[:len(tokens)] == tokens
                    for entry in self.entries)
+
+    @property
+    def params(self) -> SamplingParams:
+        """The sampling the recording was made with (greedy where it says none)."""
+        sampling = self.about.get("sampling") or {}
+        return SamplingParams(float(sampling.get("temperature", 0.0)), int(sampling.get("top_k", 0)),
+                              float(sampling.get("top_p", 1.0)))
+
+    @property
+    def seed(self) -> int | None:
+        """The seed of a sampled recording (its users must ask with it), None for a greedy one."""
+        return (self.about.get("sampling") or {}).get("seed")
+
+    def params_problem(self, params: SamplingParams) -> str:
+        """Why decisions recorded here cannot be replayed for `params` ("" where they can): a greedy
+        recording holds no race's winners, a sampled one no argmax, nor another temperature's."""
+        if params == self.params:
+            return ""
+        said = "greedy" if self.params.greedy else f"sampled ({self.params}, seed {self.seed})"
+        return (f"the recording is {said}, asked with {params}: replay it with its own sampling, or record one for "
+                "these parameters (python -m benchmarks.emulation.record --temperature T --seed S)")
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

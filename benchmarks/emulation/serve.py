@@ -5,7 +5,7 @@
 
 Prints "listening on ws://..." once sessions are taken, as `specwire serve` does. The
 service (remote_verify/server.py) is the product's; its target is `EmulatedTarget`
-(benchmarks/emulation/target.py): the default pair's recorded greedy decisions (`--replay`,
+(benchmarks/emulation/target.py): the default pair's recorded decisions (`--replay`,
 the default) or a real tiny target (`--target`), each pass held for the profile's time. Kept
 out of `specwire serve` on purpose: emulation is a measuring instrument, not a way to run.
 """

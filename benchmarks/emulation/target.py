@@ -7,10 +7,12 @@ tokens come from an inner backend, and the pass is then held, by sleeping (no CP
 until it has taken what the profile says a pass of that shape takes:
 c(tokens in the pass, sessions in it, their cached tokens) (benchmarks/emulation/profiles.py),
 times `time_scale`. The inner backend is
-- `ReplayTarget` for greedy runs on the default pair: the target's greedy path for each
-  prompt, recorded once from the real model (benchmarks/emulation/recording.py), returned
-  position by position as argmax ids, so every verification decides as the real target did;
-- a real tiny-model backend (llama.cpp) for sampled runs and tests, whose own compute time
+- `ReplayTarget` for runs on the default pair: the target's path for each prompt, recorded
+  once from the real model (benchmarks/emulation/recording.py), returned position by position
+  as argmax ids (greedy), or as logits certain of the path's token (a sampled recording: the
+  race over any clocks then picks it, as the real target's did under the recording's seed), so
+  every verification decides as the real target did;
+- a real tiny-model backend (llama.cpp) for other sampled runs and tests, whose own compute time
   counts towards the profile's.
 
 A tree of guesses (remote_verify/backends/target.py `Pass.tree`) is passed to the inner backend
@@ -45,8 +47,14 @@ class ReplayCache:
     on_path: int = 0  # tokens after the prompt that follow the recorded path
 
 
+# A replayed row's logit at the recorded token (0 elsewhere): at any temperature the warped
+# distribution puts all its mass there (exp(-SURE / T) underflows), so the race picks it whatever
+# its clocks, as the real target's race picked it under the recording's seed.
+SURE = 1e4
+
+
 class ReplayTarget:
-    """The default pair's target, replayed: its greedy choice at every position of the recorded paths.
+    """The default pair's target, replayed: its choice at every position of the recorded paths.
 
     A tree of guesses is replayed too: a node whose ancestors follow the recorded path scores the
     path's next token, as the real target would after that text; the others are never decisive."""
@@ -80,26 +88,29 @@ class ReplayTarget:
 
     def forward(self, cache: ReplayCache, tokens: Sequence[int], n_logits: int,
                 tree: Sequence[int] | None = None) -> np.ndarray:
-        """One-hot logits (n_logits, V) at the recorded argmax, for callers that want logits (the
+        """Logits (n_logits, V) certain of the recorded token, for callers that want logits (the
         service's cost calibration, which runs a made-up history: that scores end-of-text)."""
         if tree is not None:
             ids = self._append_tree(cache, tokens, n_logits, tree)
         else:
             ids = self._append(cache, tokens, n_logits, strict=False)
-        logits = np.zeros((n_logits, self.vocab_size), dtype=np.float32)
-        logits[np.arange(n_logits), ids] = 1.0
-        return logits
+        return self._sure(ids)
 
     def forward_many(self, passes: Sequence[Pass]) -> list[np.ndarray]:
+        """Each pass's argmax ids, or (a sampled session's) logits certain of them."""
         results = []
         for item in passes:
-            if not item.argmax_only:
-                raise ReplayError("the replay holds the greedy path only: run sampled emulation on the tiny models")
             if item.tree is not None:
-                results.append(self._append_tree(item.cache, item.tokens, item.n_logits, item.tree))
+                ids = self._append_tree(item.cache, item.tokens, item.n_logits, item.tree)
             else:
-                results.append(self._append(item.cache, item.tokens, item.n_logits))
+                ids = self._append(item.cache, item.tokens, item.n_logits)
+            results.append(ids if item.argmax_only else self._sure(ids))
         return results
+
+    def _sure(self, ids: np.ndarray) -> np.ndarray:
+        logits = np.zeros((len(ids), self.vocab_size), dtype=np.float32)
+        logits[np.arange(len(ids)), ids] = SURE
+        return logits
 
     def _append_tree(self, cache: ReplayCache, tokens: Sequence[int], n_logits: int,
                      parents: Sequence[int]) -> np.ndarray:

@@ -264,6 +264,104 @@ def test_paced_users_begin_a_reply_every_so_often_and_their_speed_over_replies_i
     assert record["reply_rates"] == [pytest.approx(sum(t for _, t in walls) / sum(w for w, _ in walls), rel=0.01)]
 
 
+def test_users_who_think_between_replies_ask_fewer_and_a_think_with_a_pace_is_refused(tiny, tiny_recording,
+                                                                                      tmp_path):
+    """`--think 0.25`: a user waits a quarter of a second on average after each reply of 8 tokens (a
+    few dozen ms each here; without waits a dozen or more begin in the 1-second window), so the window
+    holds a handful; with `--reply-every` as well the run stops at once and says why."""
+    out = tmp_path / "think.json"
+    run = [sys.executable, "-m", "benchmarks.load", "--emulate", "a100-qwen2.5-1.5b", "--users", "1", "--rtt-ms", "14",
+           "--modes", "server", "--kinds", "code", "--max-tokens", "8", "--seconds", "1",
+           "--recording", str(tiny_recording), "--vocab", str(tiny.draft)]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run(run + ["--think", "0.25", "--json", str(out)], capture_output=True, text=True, cwd=REPO,
+                          timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    [record] = json.loads(out.read_text())
+    assert record["think_s"] == 0.25 and record["errors"] == [], record
+    assert 1 <= record["first_tokens"] <= 9, record["first_tokens"]
+    both = subprocess.run(run + ["--think", "1", "--reply-every", "1"], capture_output=True, text=True, cwd=REPO,
+                          timeout=120, env=env)
+    assert both.returncode != 0 and "--reply-every" in both.stderr and "Traceback" not in both.stderr, both.stderr
+
+
+SAMPLED = SamplingParams(temperature=0.8)
+SAMPLED_SEED = 11
+
+
+@pytest.fixture(scope="module")
+def tiny_sampled_recording(tiny, tmp_path_factory) -> Path:
+    """The tiny pair's decisions at T 0.8 under seed 11, recorded as the default pair's at T 0.7 are."""
+    from benchmarks.emulation.record import record
+
+    path = tmp_path_factory.mktemp("recording") / "tiny-sampled.json"
+    record(tiny.draft, tiny.target_gguf, 32, params=SAMPLED, seed=SAMPLED_SEED).save(path)
+    return path
+
+
+def test_a_sampled_recording_is_the_real_targets_text_under_its_seed(tiny, tiny_recording, tiny_sampled_recording,
+                                                                    close_draft, own_llamacpp_target):
+    """A recording made at T 0.8 says so, holds another text than the greedy one, and is what the real
+    tiny target streams when asked with its sampling and seed (with another seed, not)."""
+    from local_draft.server_only import ServerOnlyGenerator
+    from local_draft.verify_client import VerifyClient
+
+    sampled, greedy = Recording.load(tiny_sampled_recording), Recording.load(tiny_recording)
+    assert sampled.params == SAMPLED and sampled.seed == SAMPLED_SEED and greedy.params.greedy
+    assert sum(s.path != g.path[:len(s.path)] for s, g in zip(sampled.entries, greedy.entries)) >= 3
+    assert all(top[0][0] == guess for e in sampled.entries for top, guess in zip(e.top, e.guesses))
+    # each guess is the drafter's race winner over the seed's clocks there, as a drafter guesses in a stream
+    from local_draft.draft_model import DraftModel
+    from wire.randomness import DecisionRandomness
+
+    drafter, randomness = DraftModel(tiny.draft), DecisionRandomness(SAMPLED_SEED)
+    entry = sampled.entries[0]
+    contexts = [entry.prompt + entry.path[:i] for i in range(12)]
+    assert [drafter.guess(c, SAMPLED, randomness.race(len(c), drafter.vocab_size)) for c in contexts] \
+        == entry.guesses[:12]
+    real = RunningService(own_llamacpp_target)
+    try:
+        for seed, same in ((SAMPLED_SEED, True), (SAMPLED_SEED + 1, False)):
+            client = VerifyClient(real.url, close_draft.hello(SAMPLED, seed=seed))
+            streamed = ServerOnlyGenerator(client, close_draft.end_ids)
+            paths = [streamed.generate(entry.prompt, 32).token_ids for entry in sampled.entries[:4]]
+            client.close()
+            assert (paths == [entry.path for entry in sampled.entries[:4]]) == same
+    finally:
+        real.close()
+
+
+def test_a_sampled_recording_replays_in_chains_and_trees_and_refuses_other_sampling(tiny, tiny_sampled_recording,
+                                                                                  tmp_path):
+    """`benchmarks.load --emulate --recording` on a sampled recording: its users ask with its sampling
+    and seed, every reply of chains, pinned trees and the default mode is the recorded text, guesses
+    are kept, and the record says how it sampled. A drafter asked greedily of it is refused."""
+    from benchmarks.emulation.drafter import EmulatedDraft
+    from benchmarks.emulation.profiles import load_drafter_profile
+    from benchmarks.emulation.target import ReplayError
+    from local_draft.draft_model import DraftModel
+
+    out = tmp_path / "sampled.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.load", "--emulate", "a100-qwen2.5-1.5b", "--users", "1", "--rtt-ms", "14",
+         "--modes", "chain,trees4,default", "--kinds", "code,prose", "--max-tokens", "24", "--seconds", "1",
+         "--recording", str(tiny_sampled_recording), "--vocab", str(tiny.draft), "--json", str(out)],
+        capture_output=True, text=True, cwd=REPO, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = json.loads(out.read_text())
+    assert [r["mode"] for r in records] == ["chain", "trees4", "default"]
+    for record in records:
+        assert record["errors"] == [] and record["differing"] == 0, record
+        assert record["sampling"] == "T 0.8, top-k 0, top-p 1, seed 11", record["sampling"]
+        assert record["tokens_per_pass"] > 1.0, record  # guesses were verified, and some kept
+    recording = Recording.load(tiny_sampled_recording)
+    draft = EmulatedDraft(DraftModel(tiny.draft, vocab_only=True), load_drafter_profile("laptop-gpu-0.5b"), recording)
+    entry = recording.entries[0]
+    assert draft.guess(entry.prompt, SAMPLED, None) == entry.guesses[0]
+    with pytest.raises(ReplayError, match="the recording is sampled"):
+        draft.guess(entry.prompt, SamplingParams(), None)
+
+
 def test_the_replay_walks_trees_of_guesses_as_the_real_target_would(tiny, tiny_recording):
     """Trees built from a recorded path (right tokens as later children) through the real service on
     the replay: the stream is the recorded path, and the right branches are kept."""
