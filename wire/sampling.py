@@ -16,33 +16,58 @@ def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """Logits (V,) -> probabilities (V,) in float64, zero outside the kept set.
 
     Not for greedy decoding: temperature must be positive.
+
+    The kept set is the likeliest tokens in descending order (equal logits in ascending id), cut
+    at top-k, then at the shortest prefix whose mass reaches top-p. It never sorts the whole
+    vocabulary: a sort of 151,936 logits costs about 20 ms, more than a large target's step on a
+    GPU, and both ends warp at every sampled token (the service for each pick, the drafter for
+    each guess). With no cut it is the softmax; top-k sorts only its k; top-p alone sorts the
+    likeliest few, more only as long as they hold less than top-p of the mass.
     """
     assert params.temperature > 0.0, "warp() is for sampling; greedy uses argmax"
     scaled = logits.astype(np.float64) / params.temperature
     vocab = scaled.shape[-1]
+    if not 0 < params.top_k < vocab and params.top_p >= 1.0:
+        probs = np.exp(scaled - scaled.max())
+        return probs / probs.sum()
     # Ties are broken by token id, lowest first, at every cut (top-k and top-p), so that the
     # kept set is a function of the logits alone and both ends keep the same one. (argpartition
     # alone would pick among tied logits in whatever order its selection left them.)
     if 0 < params.top_k < vocab:
-        cut = np.partition(scaled, vocab - params.top_k)[vocab - params.top_k]  # the k-th largest
-        above = np.flatnonzero(scaled > cut)  # ascending ids
-        at_cut = np.flatnonzero(scaled == cut)[: params.top_k - above.size]  # the lowest ids among ties
-        kept = np.concatenate([above, at_cut])
-    else:
-        kept = np.arange(vocab)
-    kept = kept[np.argsort(-scaled[kept], kind="stable")]  # descending; equal logits in ascending id
-    kept_logits = scaled[kept]
-    kept_probs = np.exp(kept_logits - kept_logits[0])
-    kept_probs /= kept_probs.sum()
+        kept = _likeliest(scaled, params.top_k)[:params.top_k]
+        kept_probs = np.exp(scaled[kept] - scaled[kept[0]])
+        kept_probs /= kept_probs.sum()
+        cumulative = np.cumsum(kept_probs)
+    else:  # top-p alone: the likeliest few, in order, until they hold top_p of the whole mass
+        top = scaled.max()
+        whole = np.exp(scaled - top).sum()
+        n = min(64, vocab)
+        while True:
+            kept = _likeliest(scaled, n)
+            kept_probs = np.exp(scaled[kept] - top) / whole
+            cumulative = np.cumsum(kept_probs)
+            if len(kept) >= vocab or cumulative[-1] >= params.top_p:
+                break
+            n = min(n * 8, vocab)
     if params.top_p < 1.0:
         # Smallest prefix whose mass reaches top_p (the token that crosses it is kept).
-        cumulative = np.cumsum(kept_probs)
-        n_keep = int(np.searchsorted(cumulative, params.top_p, side="left")) + 1
+        n_keep = min(int(np.searchsorted(cumulative, params.top_p, side="left")) + 1, len(kept))
         kept, kept_probs = kept[:n_keep], kept_probs[:n_keep]
-        kept_probs = kept_probs / kept_probs.sum()
     probs = np.zeros(vocab, dtype=np.float64)
-    probs[kept] = kept_probs
+    probs[kept] = kept_probs / kept_probs.sum()
     return probs
+
+
+def _likeliest(scaled: np.ndarray, n: int) -> np.ndarray:
+    """The ids of the n likeliest tokens and of every token tied with the n-th, in descending order
+    of `scaled` and ascending id among equals: the first len(result) places of the whole order."""
+    vocab = scaled.shape[-1]
+    if n >= vocab:
+        ids = np.arange(vocab)
+    else:
+        cut = np.partition(scaled, vocab - n)[vocab - n]  # the n-th largest
+        ids = np.flatnonzero(scaled >= cut)  # ascending ids
+    return ids[np.argsort(-scaled[ids], kind="stable")]
 
 
 def truncate(probs: np.ndarray, cap: int) -> SparseDist:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from wire.protocol import SamplingParams
+from benchmarks.sampling_cost import sorted_warp
 from wire.sampling import warp
 
 
@@ -44,3 +45,24 @@ def test_a_drawn_index_is_the_one_numpys_choice_draws_for_the_same_generator():
             weights[seed % size] += 1e-3  # never all zero
             expected = np.random.default_rng(seed + 7).choice(size, p=weights / weights.sum())
             assert draw_index(np.random.default_rng(seed + 7), weights) == expected, (size, seed)
+
+
+@pytest.mark.parametrize("temperature", [0.3, 0.7, 1.5])
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (0, 0.9), (0, 0.5), (0, 0.999), (40, 1.0), (40, 0.8), (1, 1.0)])
+def test_warp_keeps_the_definition_without_sorting_the_vocabulary(temperature, top_k, top_p):
+    """At a Qwen-sized vocabulary, logits smooth, peaked, flat, in ties (rounded to a few values) and
+    masked (a grammar's -inf): the same kept set as the whole sort's, the same probabilities."""
+    rng = np.random.default_rng(int(temperature * 10) + top_k)
+    vocab = 151_936
+    peaked = rng.normal(size=vocab) * 2.0
+    peaked[rng.integers(vocab, size=5)] += 12.0
+    masked = rng.normal(size=vocab) * 3.0
+    masked[rng.random(vocab) < 0.97] = -np.inf
+    shapes = [rng.normal(size=vocab) * 3.0, peaked, rng.normal(size=vocab) * 0.01,
+              np.round(rng.normal(size=vocab)), masked]
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    for logits in shapes:
+        logits = logits.astype(np.float32)
+        fast, reference = warp(logits, params), sorted_warp(logits, params)
+        assert np.flatnonzero(fast).tolist() == np.flatnonzero(reference).tolist()
+        np.testing.assert_allclose(fast, reference, rtol=1e-9, atol=1e-300)
