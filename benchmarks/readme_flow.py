@@ -1,7 +1,8 @@
 """The README's own flow, measured: `specwire serve` alone, `specwire generate` per prompt and mode.
 
     .venv/bin/python -m benchmarks.readme_flow [--rtt-ms 0,20,50,100] [--modes server,k0,rounds,default]
-        [--kinds code,chat,prose,repeat] [--prompts-per-kind N] [--untuned] [--max-tokens 96] [--json FILE]
+        [--kinds code,chat,prose,repeat] [--prompts-per-kind N] [--untuned] [--max-tokens 96]
+        [--temperature T [--seed S]] [--json FILE]
 
 What a user runs, nothing pinned and no flags picked: the service is `specwire serve` on the
 default pair, started as the README says (alone, it takes every core); each generation is a
@@ -17,7 +18,9 @@ run, kept between the runs (`SPECWIRE_ADAPTIVE_STATE`). Each reply's tokens/s an
 are the ones `generate` measures (from the request to the end of the reply: loading the drafter
 is left out, for every mode alike); the target's busy time per token is the service's own time
 in that reply's passes. Every reply is compared with server-only's.
-`--untuned` runs 8 prompts written for this check only (4 code, 2 chat, 2 prose) instead of
+`--temperature T` samples every generation (`generate --temperature T --seed S`, S 1 unless `--seed`
+says otherwise): the text is the seed's, the same in every mode, so replies are still compared with
+server-only's. `--untuned` runs 8 prompts written for this check only (4 code, 2 chat, 2 prose) instead of
 the default set.
 """
 
@@ -76,9 +79,9 @@ def start(command: list[str]) -> tuple[subprocess.Popen, str]:
     return process, words[0]
 
 
-def generate(url: str, mode: str, text: str, max_tokens: int, env: dict) -> dict:
+def generate(url: str, mode: str, text: str, max_tokens: int, env: dict, sampling: tuple[str, ...] = ()) -> dict:
     done = subprocess.run([sys.executable, "-m", "app.cli", "generate", "--server", url, "--prompt", text,
-                           "--max-tokens", str(max_tokens), "--json", *MODES[mode]],
+                           "--max-tokens", str(max_tokens), "--json", *MODES[mode], *sampling],
                           capture_output=True, text=True, env=env, timeout=900)
     if done.returncode != 0:
         raise RuntimeError(f"generate ({mode}) failed: {done.stderr.strip()[-500:]}")
@@ -86,7 +89,7 @@ def generate(url: str, mode: str, text: str, max_tokens: int, env: dict) -> dict
 
 
 def run(rtts_ms: list[float], modes: list[str], prompts: list[tuple[str, int, str]], max_tokens: int,
-        state_file: Path) -> list[Reply]:
+        state_file: Path, sampling: tuple[str, ...] = ()) -> list[Reply]:
     env = dict(os.environ, SPECWIRE_ADAPTIVE_STATE=str(state_file))
     service, url = start([sys.executable, "-m", "app.cli", "serve", "--port", "0", "--exit-with-parent"])
     proxies = {}
@@ -102,7 +105,7 @@ def run(rtts_ms: list[float], modes: list[str], prompts: list[tuple[str, int, st
                 link = proxies[rtt][1] if rtt > 0 else url
                 shift = turn % len(modes)
                 for mode in modes[shift:] + modes[:shift]:
-                    out = generate(link, mode, text, max_tokens, env)
+                    out = generate(link, mode, text, max_tokens, env, sampling)
                     stats = out["stats"]
                     reply = Reply(mode, rtt, kind, index, stats["generated"], stats["wall_s"],
                                   stats["first_token_s"] or stats["wall_s"], stats["service_s"],
@@ -151,8 +154,11 @@ def main() -> None:
     parser.add_argument("--prompts-per-kind", type=int)
     parser.add_argument("--untuned", action="store_true", help="8 prompts written for this check, not the default set")
     parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--temperature", type=float, default=0.0, help="sample at T (default 0: greedy)")
+    parser.add_argument("--seed", type=int, default=1, help="with --temperature: every generation's seed")
     parser.add_argument("--json", type=Path, metavar="FILE")
     args = parser.parse_args()
+    sampling = ("--temperature", str(args.temperature), "--seed", str(args.seed)) if args.temperature > 0 else ()
     source = UNTUNED if args.untuned else PROMPTS
     kinds = [k for k in args.kinds.split(",") if k in source]
     chosen = {kind: source[kind][: args.prompts_per_kind] for kind in kinds}
@@ -162,9 +168,9 @@ def main() -> None:
     rtts = [float(r) for r in args.rtt_ms.split(",")]
     with tempfile.TemporaryDirectory() as folder:
         started = time.time()
-        replies = run(rtts, modes, prompts, args.max_tokens, Path(folder) / "adaptive-k.json")
+        replies = run(rtts, modes, prompts, args.max_tokens, Path(folder) / "adaptive-k.json", sampling)
     print(f"README flow (specwire serve + specwire generate, default pair, nothing pinned), {args.max_tokens} tokens, "
-          f"greedy, {len(prompts)} prompts, {time.time() - started:.0f} s")
+          f"{f'T {args.temperature:g}, seed {args.seed}' if sampling else 'greedy'}, {len(prompts)} prompts, {time.time() - started:.0f} s")
     print(table(replies, rtts, modes))
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in replies]) + "\n")

@@ -6,8 +6,9 @@ Every sampled token is warped (wire/sampling.py `warp`: temperature, top-k, top-
 its position's clocks (`race_choice`), on the service for each pick of a pass and on the drafter for
 each guess. At 151,936 tokens that is host work beside a GPU's step of 10 to 20 ms, once per token
 per session: a service sampling for 32 users pays it 32 times a pass. This times, side by side in
-one process, `warp` as it is and the definition computed by a sort of the whole vocabulary (what
-`warp` was; `sorted_warp`, the tests' reference), for the usual settings, on two kinds of logits
+one process, `warp` as it is and the definition computed by a sort of the whole vocabulary
+(`sorted_warp`, the tests' reference: what `warp` did whenever top-k was off, as it is by default;
+with a top-k it already selected the k first), for the usual settings, on two kinds of logits
 (synthetic: `flat`, a normal with scale 3, the worst case for top-p, which then keeps thousands;
 `peaked`, a few tokens far ahead, as a model mostly is), and the clocks and the race alone.
 Report the ratio; an absolute time on this shared machine says little.
