@@ -51,6 +51,20 @@ BATCH_COST_REPEATS = 3  # each width's cost is the least of this many decodes (a
 # those above ALTERNATE_ABOVE); in prose the target's token is the default pair's drafter's fourth to
 # eighth at 8% of positions, where it is none of the first three at 15 to 19%
 BRANCH_CHOICES = 8
+# Sampled, a candidate's chance of being the target's pick is read from the race, not from the
+# drafter's probability: both ends race the same clocks, the target over its own distribution, so
+# the target's first to arrive differs from the drafter's only as far as the two distributions
+# differ, and that is likeliest where the drafter's race was close. Taking the log-ratio of the two
+# distributions at a token as noise of scale RACE_SPREAD / T (Gumbel: log-probabilities scale as 1/T),
+# a candidate whose clock arrives at t (its clock over its probability) is the target's pick with
+# chance proportional to t ** -(T / RACE_SPREAD). Fitted on the default pair's T 0.7 recording
+# (`python -m benchmarks.race_chance`, 2,222 positions): its log-likelihood of the target's picks -975
+# against -1,217 for the drafter's probabilities (spreads 0.5 and 1.2: -1,061, -1,043), and calibrated
+# where those are not (where the race gives its winner 0.4 to 0.6, it is right at 0.50; where the
+# drafter's probability of it is below 0.2, at 0.40). On the emulated 70B at 14 ms the default mode's
+# trees then made 1.30x chains at T 0.7, against 1.20x by the drafter's probabilities. Only T 0.7 was
+# fitted: other temperatures take the 1/T scaling on trust.
+RACE_SPREAD = 0.84
 
 
 
@@ -470,8 +484,9 @@ def _masked(logits: np.ndarray, allowed: np.ndarray | None) -> np.ndarray:
 
 
 def _candidates(logits: np.ndarray, params: SamplingParams, clocks: np.ndarray | None) -> list[tuple[int, float]]:
-    """The BRANCH_CHOICES best next tokens and their probabilities: by probability (greedy), or in
-    the race's order over `clocks` among the distribution as it travels on the wire (truncated)."""
+    """The BRANCH_CHOICES best next tokens and the chance of each being the target's: by probability
+    (greedy: the drafter's probability), or in the race's order over `clocks` among the distribution as
+    it travels on the wire (truncated), with the race's chance of each (RACE_SPREAD)."""
     if params.greedy:
         scaled = logits.astype(np.float64)
         probs = np.exp(scaled - scaled.max())
@@ -479,8 +494,26 @@ def _candidates(logits: np.ndarray, params: SamplingParams, clocks: np.ndarray |
         best = np.argpartition(-probs, BRANCH_CHOICES)[:BRANCH_CHOICES]
         best = best[np.lexsort((best, -probs[best]))]  # by probability, ties by id (as argmax breaks them)
         return [(int(t), float(probs[t])) for t in best]
+    ids, probs, arrival = race_candidates(logits, params, clocks)
+    return [(int(token), float(chance)) for token, chance in zip(ids, race_chance(arrival, params.temperature))]
+
+
+def race_candidates(logits: np.ndarray, params: SamplingParams,
+                    clocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The drafter's BRANCH_CHOICES first tokens to arrive in the race over `clocks`, among its
+    distribution as it travels on the wire (truncated): their ids, probabilities and arrival times
+    (clock over probability), first to arrive first (the drafter's guess)."""
     dist = truncate(warp(logits, params), WIRE_TOP_K_CAP)
     ids = np.asarray(dist.ids, dtype=np.int64)
     probs = np.asarray(dist.probs, dtype=np.float64)
-    order = np.argsort(clocks[ids] / probs, kind="stable")[:BRANCH_CHOICES]
-    return [(int(ids[i]), float(probs[i])) for i in order]
+    arrival = clocks[ids] / probs
+    order = np.argsort(arrival, kind="stable")[:BRANCH_CHOICES]
+    return ids[order], probs[order], arrival[order]
+
+
+def race_chance(arrival: np.ndarray, temperature: float, spread: float = RACE_SPREAD) -> np.ndarray:
+    """Each candidate's chance of being the target's pick, from the race's arrival times (first first):
+    t ** -(T / spread), over the candidates (RACE_SPREAD)."""
+    arrival = np.maximum(arrival, 1e-300)  # a clock of exactly 0 (once in 2**53) arrives first, surely
+    weights = (arrival[0] / arrival) ** (temperature / spread)
+    return weights / weights.sum()

@@ -4,8 +4,9 @@ Where the service verifies trees (its Welcome says `trees`) and the stream contr
 tree of w branches pays (local_draft/stream_controller.py `width`), the stream speculator guesses
 a tree instead of a chain. Each level decodes the open leaves together (the draft model's
 `branch_guesses`: one batch of sequences) and gives each its first choice, and where the drafter
-is unsure of it (its probability below BRANCH_BELOW) its alternatives beside it, those it gives
-at least ALTERNATE_ABOVE. The next level grows the `width` likeliest leaves of the whole tree
+is unsure of it (its chance below BRANCH_BELOW: greedy, the drafter's probability; sampled, the race's
+chance that the target picks it, local_draft/draft_model.py RACE_SPREAD) its alternatives beside it,
+those with a chance of at least ALTERNATE_ABOVE. The next level grows the `width` likeliest leaves of the whole tree
 (the path's probability, the product of the drafter's along it), wherever they are: the tree
 splits where the drafter hesitates, stays a chain where it does not, and a branch left behind
 grows again once it is likelier than the deepest leaves (SpecExec's best-first choice, a level

@@ -157,3 +157,24 @@ def test_a_tree_rerooted_below_committed_tokens_keeps_its_branches_and_guesses_a
     decoded.clear()
     same(level(text[:-1] + [4], [(), (2,)]), afresh(text[:-1] + [4], [(), (2,)]))
     assert decoded[:2] == [1, 1], decoded
+
+
+def test_sampled_candidates_carry_the_races_chance_of_being_the_targets_pick():
+    """Sampled, a candidate's chance is read from the race: ten equally likely tokens (0.1 each), whose
+    winner's clock arrives far ahead of the rest, is the target's pick almost surely (the target races
+    the same clocks); two that arrive together share the chance. The drafter's probability (0.1) says
+    neither."""
+    from local_draft.draft_model import _candidates
+
+    params = SamplingParams(temperature=0.7)
+    logits = np.full(64, -30.0)
+    logits[:10] = 0.0  # ten tokens at 0.1 each after the warp (the rest underflow)
+    clocks = np.full(64, 50.0)
+    clocks[3] = 0.1  # token 3 arrives first, far ahead
+    ahead = _candidates(logits, params, clocks)
+    assert ahead[0][0] == 3 and ahead[0][1] > 0.95, ahead[:3]
+    clocks[7] = 0.102  # token 7 arrives with it
+    close = _candidates(logits, params, clocks)
+    assert [token for token, _ in close[:2]] == [3, 7], close[:3]
+    assert 0.4 < close[1][1] <= close[0][1] < 0.6, close[:3]
+    assert sum(chance for _, chance in close) <= 1.0 + 1e-9
