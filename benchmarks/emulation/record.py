@@ -91,7 +91,10 @@ def record(draft_path: Path, target_path: Path, max_tokens: int, out: Path | Non
     if not params.greedy and seed is None:
         raise ValueError("a sampled recording needs a seed: its text is that seed's, and its users ask with it")
     draft = DraftModel(draft_path, n_ctx=4096)
-    entries = Recording.load(out).entries if out is not None and out.is_file() else []
+    earlier = Recording.load(out) if out is not None and out.is_file() else None  # picked up where it stopped
+    if earlier is not None and earlier.params_problem(params):
+        raise ValueError(f"{out} holds a recording made with other sampling: {earlier.params_problem(params)}")
+    entries = earlier.entries if earlier is not None else []
     done = {entry.text for entry in entries}
     about = {"draft": draft_path.name, "target": target_path.name, "max_tokens": max_tokens,
              "date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, {platform.processor()}",
@@ -99,11 +102,6 @@ def record(draft_path: Path, target_path: Path, max_tokens: int, out: Path | Non
     if not params.greedy:
         about["sampling"] = {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
                              "seed": seed}
-    recording = Recording([], about)
-    if recording.params != params:  # what the file will say is what was asked
-        raise ValueError(f"{params} would not read back from the recording as itself")
-    if out is not None and out.is_file() and Recording.load(out).params_problem(params):
-        raise ValueError(f"{out} holds a recording made with other sampling: {Recording.load(out).params_problem(params)}")
     service, url = start_service(target_path, "--max-context", "4096")
     try:
         # a long prompt's pass on a busy machine may take a while: a stall is a minute of silence
