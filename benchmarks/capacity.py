@@ -232,8 +232,7 @@ def _user(index: int, mode: str, url: str, draft: EmulatedDraft, entries: list, 
             if pace_s:  # the next reply is due pace_s after this one began, whenever this one ended
                 time.sleep(max(0.0, min(began + pace_s, window[1]) - time.perf_counter()))
             elif think_s:  # a person reads the reply, then asks again
-                wait = waits.expovariate(1.0 / think_s)
-                time.sleep(max(0.0, min(time.perf_counter() + wait, window[1]) - time.perf_counter()))
+                time.sleep(max(0.0, min(waits.expovariate(1.0 / think_s), window[1] - time.perf_counter())))
     except threading.BrokenBarrierError:
         record.error = f"user {index}: another user failed before the start"
     except Exception as exc:  # reported, never raised from a thread
@@ -414,9 +413,6 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
     # the drafters' guesses, thinned to a small drafter's acceptance against a large target (the target's
     # paths, which the service replays, are the same)
     guessed = recording if thin_acceptance is None else thinned(recording, thin_acceptance)
-    sampling = "greedy" if recording.params.greedy else \
-        (f"T {recording.params.temperature:g}, top-k {recording.params.top_k}, top-p {recording.params.top_p:g}, "
-         f"seed {recording.seed}")
     pair = get_pair()
     vocab_path = vocab_path or file_path(pair, pair.draft)
     vocab = DraftModel(vocab_path, vocab_only=True)  # one vocabulary for every user
@@ -446,7 +442,7 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
                     label += f" (guesses thinned to {thin_acceptance:g})"
                 label = f"{label} (what-if)" if what_if else label
                 record = summarize(records, window, busy, users, mode, rtt, label, time_scale, pace_s)
-                record.sampling, record.think_s = sampling, think_s
+                record.sampling, record.think_s = recording.sampling_said, think_s
                 record.links_cut = cut
                 if cut:
                     record.errors.insert(0, f"{cut} links cut as stalled by the clients' ping watch: this machine "

@@ -7,11 +7,12 @@ cache of what it has read, so that what a call costs is what the real drafter's 
 guess after the first a decode step). The time is spent sleeping, so sixty-four emulated
 drafters fit beside a service on two cores. Its guesses come from
 - the recording (runs on the default pair, greedy or sampled under the recording's seed): the
-  real drafter's guess (its argmax, or its race's winner) at every position of the target's path (benchmarks/emulation/recording.py), and where recorded its top
+  real drafter's guess (its argmax, or its race's winner) at every position of the target's
+  path (benchmarks/emulation/recording.py), and where recorded its top
   few guesses with their probabilities, which a tree's branches take (a level of b branches
   costs the profile's `level_ms(b)`, the first after a frame b plus the committed tokens it
   decodes in the same batch, as the real drafter re-roots its branches: `_reroot`); or
-- a real draft model (the tiny one, for sampled runs), whose own compute counts towards
+- a real draft model (the tiny one, for other sampled runs), whose own compute counts towards
   the profile's time.
 The vocabulary (tokenizing, the handshake's fingerprint, end tokens) is always the real draft
 GGUF's, loaded vocabulary-only for the replay.

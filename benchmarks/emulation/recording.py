@@ -87,12 +87,20 @@ class Recording:
         """The seed of a sampled recording (its users must ask with it), None for a greedy one."""
         return (self.about.get("sampling") or {}).get("seed")
 
+    @property
+    def sampling_said(self) -> str:
+        """How the recording samples, in words: "greedy", or its temperature, top-k, top-p and seed."""
+        params = self.params
+        if params.greedy:
+            return "greedy"
+        return f"T {params.temperature:g}, top-k {params.top_k}, top-p {params.top_p:g}, seed {self.seed}"
+
     def params_problem(self, params: SamplingParams) -> str:
         """Why decisions recorded here cannot be replayed for `params` ("" where they can): a greedy
         recording holds no race's winners, a sampled one no argmax, nor another temperature's."""
         if params == self.params:
             return ""
-        said = "greedy" if self.params.greedy else f"sampled ({self.params}, seed {self.seed})"
+        said = "greedy" if self.params.greedy else f"sampled ({self.sampling_said})"
         return (f"the recording is {said}, asked with {params}: replay it with its own sampling, or record one for "
                 "these parameters (python -m benchmarks.emulation.record --temperature T --seed S)")
 
