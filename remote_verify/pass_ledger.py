@@ -26,7 +26,10 @@ a plain stream: 3%.
 A member starting a reply (its pass feeds a prompt and makes the first token) starts even: its
 room is SLACK_TOKENS, whatever its ledger from earlier replies, so the pass that carries a first
 token costs at most twice the plain pass. (A tighter room for first tokens, 1.2x, bound nearly
-every pass at 64 users, where some reply starts in almost every pass: guesses all but stopped.)
+every pass at 64 users, where some reply starts in almost every pass: guesses all but stopped. None
+at all, no guess in a pass that makes a first token, left the emulated 7B's first token at 64 users
+1.25x server-only's at p99, as it waits for the pass running when its prompt comes, and cost the 70B
+at 32 users its aggregate, 2.26x to 1.95x: docs/results.md.)
 A prompt too long to go whole is read a piece every other pass, and every pass until its first token
 delays it: while one is, no member's room exceeds PREFILL_ROOM (the queue applies it).
 Its place in a pass is never taken by guesses: the queue fits members by the tokens they must
