@@ -108,6 +108,11 @@ def kept_by(kept: list[float], guesses: float) -> float:
     return kept[whole] + (guesses - whole) * (kept[min(whole + 1, len(kept) - 1)] - kept[whole])
 
 
+def chain_lengths(kept: list[float]) -> list[float]:
+    """The chain lengths tried, in tenths of a guess, up to the longest `kept` holds."""
+    return [step / STEPS for step in range((len(kept) - 1) * STEPS + 1)]
+
+
 def user_rate(profile, kept: list[float], members: int, guesses: float, context: int, load: Load = Load()) -> float:
     """Tokens/s of each of `members` users under a closed loop, each guessing `guesses` a pass: each pass
     also reads the prompts of the replies its members begin, one every max_tokens / (1 + kept) passes."""
@@ -137,8 +142,7 @@ def best_rate(profile, kept: list[float], members: int, context: int, budget: Bu
     def fits(g: float) -> bool:
         made = 1 + kept_by(kept, g)
         return g == 0 or budget.allows(members, members * (1 + g + load.prompt_tokens * made / load.max_tokens))
-    lengths = (step / STEPS for step in range((len(kept) - 1) * STEPS + 1))
-    return max((user_rate(profile, kept, members, g, context, load), g) for g in lengths if fits(g))
+    return max((user_rate(profile, kept, members, g, context, load), g) for g in chain_lengths(kept) if fits(g))
 
 
 def paced_best(profile, kept: list[float], users: int, context: int, budget: Budget | None, load: Load,
@@ -147,9 +151,8 @@ def paced_best(profile, kept: list[float], users: int, context: int, budget: Bud
     within the budget (None: server-only, no guesses). At a higher rate than the level a user holds its
     passes for less time but there are more of them, each costing the fixed part of a pass again: the
     level's rate is the cheapest, and a share above 1 means the device cannot serve these users at it."""
-    lengths = [0.0] if budget is None else [step / STEPS for step in range((len(kept) - 1) * STEPS + 1)]
     best = (float("inf"), 0.0)
-    for g in lengths:
+    for g in [0.0] if budget is None else chain_lengths(kept):
         busy, tokens, members = paced_busy(profile, kept, users, g, context, load, level_tok_s)
         if g == 0 or budget.allows(max(1, round(members)), tokens):
             best = min(best, (busy, g))
