@@ -3,7 +3,9 @@
     python -m benchmarks.gpu                       # on a CUDA machine: Qwen2.5 1.5B and 7B shapes
     python -m benchmarks.gpu --device cpu --tiny   # the same measurements at a toy size (this machine)
         [--models 1.5b 7b] [--blocks 1 2 3 5 9 17] [--sessions 1 2 4 8 16 32] [--block 5]
-        [--context 512] [--repeats 20] [--threads N] [--draft GGUF] [--out DIR]
+        [--context 512] [--repeats 20] [--threads N] [--no-queued] [--draft GGUF] [--out DIR]
+    python -m benchmarks.gpu --models 7b 32b --blocks 1 --sessions 1 8 32 64 128 --block 1 --no-queued
+                                                   # the decode batch curve: passes of 1 token a session
 
 Weights are random, built from the configurations written out below (no download): speed
 depends on shapes, not values. bfloat16 on CUDA, float32 on the CPU.
@@ -56,6 +58,10 @@ CONFIGS = {
     "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768,
                rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False),
+    # one GPU's largest: 65.5 GB of bfloat16 weights (Qwen2.5-32B's config.json)
+    "32b": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
+                num_key_value_heads=8, vocab_size=152064, max_position_embeddings=32768,
+                rms_norm_eps=1e-5, rope_theta=1000000.0, tie_word_embeddings=False),
     # the tiny factory's shape (models/tiny.py) with Qwen's vocabulary cut to 2k: seconds on a CPU
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=2048, max_position_embeddings=4096,
@@ -202,11 +208,12 @@ def measure_model(name: str, device: torch.device, args) -> dict:
     engine.release(fast)
 
     caches = [engine.new_cache() for _ in range(sessions)]
-    eagers = [EagerSession(model) for _ in range(sessions)]
-    for cache, session in zip(caches, eagers):
+    eagers = [] if args.no_queued else [EagerSession(model) for _ in range(sessions)]
+    for i, cache in enumerate(caches):
         context_tokens = rng.integers(0, vocab, args.context).tolist()
         engine.forward_many([Pass(cache, context_tokens, 1, argmax_only=True)])
-        session.forward(context_tokens, 1)
+        if eagers:
+            eagers[i].forward(context_tokens, 1)
     blocks = [rng.integers(0, vocab, args.block).tolist() for _ in range(sessions)]
     for n in args.sessions:
         def batched():
@@ -219,11 +226,15 @@ def measure_model(name: str, device: torch.device, args) -> dict:
                 session.forward(tokens, args.block)
                 session.truncate(args.context)
 
-        fast_ms, eager_ms = median_ms(args.repeats, batched, queued)
-        log.info("%s: %d sessions: eager round %.2f ms, fast round %.2f ms", name, n, eager_ms, fast_ms)
+        if args.no_queued:  # n one-session passes: only a multiple of the block rows above
+            fast_ms, eager_ms = median_ms(args.repeats, batched)[0], None
+        else:
+            fast_ms, eager_ms = median_ms(args.repeats, batched, queued)
+        log.info("%s: %d sessions: eager round %s ms, fast round %.2f ms", name, n,
+                 "-" if eager_ms is None else f"{eager_ms:.2f}", fast_ms)
         result["batched"].append({"sessions": n, "fast_round_ms": fast_ms, "eager_round_ms": eager_ms,
                                   "fast_tokens_s": n * args.block / fast_ms * 1000,
-                                  "eager_tokens_s": n * args.block / eager_ms * 1000})
+                                  "eager_tokens_s": None if eager_ms is None else n * args.block / eager_ms * 1000})
     base = result["batched"][0]["fast_tokens_s"] if args.sessions[0] == 1 else None
     for row in result["batched"]:
         row["fast_vs_one_session"] = row["fast_tokens_s"] / base if base else None
@@ -297,7 +308,7 @@ def write_profiles(report: dict, out: Path) -> list[Path]:
             points = {r["block"]: r[column] for r in m["blocks"]}
             # a batched round is a pass of its sessions' tokens: their per-session costs are in it
             points.update({r["sessions"] * report["block"]: r[round_column] for r in m["batched"]
-                           if r["sessions"] * report["block"] not in points})
+                           if r["sessions"] * report["block"] not in points and r[round_column] is not None})
             lines = [f'name = "measured-{m["model"]}-{path_name}"', 'kind = "target"', "measured = true",
                      f'description = "{device}, a {m["model"]} Qwen2.5 shape ({m["dtype"]}), the torch backend\'s '
                      f'{path_name} path, {m["context"]} tokens cached"',
@@ -345,8 +356,10 @@ def table(report: dict) -> str:
                      f"{'fast tok/s':>10} {'fast/1 session':>14}")
         for r in m["batched"]:
             ratio = f"{r['fast_vs_one_session']:.2f}" if r["fast_vs_one_session"] else "-"
-            lines.append(f"{r['sessions']:>8} {r['eager_round_ms']:>14.2f} {r['fast_round_ms']:>13.2f} "
-                         f"{r['eager_tokens_s']:>11.0f} {r['fast_tokens_s']:>10.0f} {ratio:>14}")
+            queued = ("-", "-") if r["eager_round_ms"] is None else (f"{r['eager_round_ms']:.2f}",
+                                                                    f"{r['eager_tokens_s']:.0f}")
+            lines.append(f"{r['sessions']:>8} {queued[0]:>14} {r['fast_round_ms']:>13.2f} "
+                         f"{queued[1]:>11} {r['fast_tokens_s']:>10.0f} {ratio:>14}")
     if report.get("drafter"):
         d = report["drafter"]
         gpu = f"{d['gpu_ms_per_token']:.2f}" if d.get("gpu_ms_per_token") else "n/a (no GPU offload)"
@@ -368,6 +381,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--copy-mib", type=int, default=1024, help="buffer copied to measure bandwidth")
     parser.add_argument("--no-graphs", action="store_true", help="the static path without CUDA graphs")
+    parser.add_argument("--no-queued", action="store_true",
+                        help="batched rounds only: skip timing the same sessions' passes one after another "
+                             "(eager, the slow part at many sessions of a large model)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own; on a shared "
                         "machine 1 keeps OpenMP threads from waiting for each other)")
     parser.add_argument("--draft", type=Path, help="a drafter GGUF to time on the GPU and the CPU")

@@ -43,3 +43,24 @@ def test_the_tiny_cpu_mode_measures_every_block_and_session_count(tiny, tmp_path
     assert fast.pass_ms(5 * 32) == pytest.approx(model["batched"][-1]["fast_round_ms"], rel=1e-3)
     cpu = load_profile(tmp_path / "profile-drafter-cpu.toml")
     assert isinstance(cpu, DrafterProfile) and cpu.token_ms == pytest.approx(drafter["cpu_ms_per_token"], rel=1e-3)
+
+
+def test_no_queued_times_the_batched_rounds_alone_and_the_profiles_keep_only_what_was_timed(tmp_path, capsys):
+    """`--no-queued` (the decode curve at many sessions of a large model): every batched round is
+    timed, no queued one, the table shows a dash, and the eager profile holds the single passes only."""
+    report = main(["--device", "cpu", "--tiny", "--repeats", "2", "--blocks", "1", "--sessions", "1", "4", "8",
+                   "--block", "1", "--no-queued", "--out", str(tmp_path)])
+
+    (model,) = report["models"]
+    assert [row["sessions"] for row in model["batched"]] == [1, 4, 8]
+    assert all(row["fast_round_ms"] > 0 for row in model["batched"])
+    assert all(row["eager_round_ms"] is None and row["eager_tokens_s"] is None for row in model["batched"])
+    assert model["batched"][-1]["fast_vs_one_session"] > 0
+    assert " - " in capsys.readouterr().out
+    from benchmarks.emulation.profiles import load_profile
+
+    fast = load_profile(tmp_path / "profile-tiny-fast.toml")
+    assert fast.pass_ms(8) == pytest.approx(model["batched"][-1]["fast_round_ms"], rel=1e-3)
+    eager = load_profile(tmp_path / "profile-tiny-eager.toml")
+    assert eager.pass_ms(1) == pytest.approx(model["blocks"][0]["eager_ms"], rel=1e-3)
+    assert "[8," not in (tmp_path / "profile-tiny-eager.toml").read_text()  # nothing untimed written
