@@ -3,7 +3,8 @@
     python -m benchmarks.gpu                       # on a CUDA machine: Qwen2.5 1.5B and 7B shapes
     python -m benchmarks.gpu --device cpu --tiny   # the same measurements at a toy size (this machine)
         [--models 1.5b 7b] [--blocks 1 2 3 5 9 17] [--sessions 1 2 4 8 16 32] [--block 5]
-        [--context 512] [--repeats 20] [--threads N] [--no-queued] [--draft GGUF] [--out DIR]
+        [--context 512] [--repeats 20] [--threads N] [--no-queued] [--sdpa math|efficient|...]
+        [--draft GGUF] [--out DIR]
     python -m benchmarks.gpu --models 7b 32b --blocks 1 --sessions 1 8 32 64 128 --block 1 --no-queued
                                                    # the decode batch curve: passes of 1 token a session
 
@@ -152,6 +153,18 @@ def median_ms(repeats: int, *runs) -> list[float]:
             run()  # ends with a copy to the host: the device has finished
             spent.append(time.perf_counter() - start)
     return [1000 * statistics.median(spent) for spent in times]
+
+
+def attention_kernel(choice: str):
+    """A context in which attention runs only on the chosen kernel (graphs captured in it keep it)."""
+    import contextlib
+
+    if choice == "default":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel({"math": SDPBackend.MATH, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                        "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[choice])
 
 
 def measure_model(name: str, device: torch.device, args) -> dict:
@@ -381,6 +394,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--copy-mib", type=int, default=1024, help="buffer copied to measure bandwidth")
     parser.add_argument("--no-graphs", action="store_true", help="the static path without CUDA graphs")
+    parser.add_argument("--sdpa", choices=["default", "math", "efficient", "flash", "cudnn"], default="default",
+                        help="the attention kernel torch's scaled_dot_product_attention may use (default: its own pick)")
     parser.add_argument("--no-queued", action="store_true",
                         help="batched rounds only: skip timing the same sessions' passes one after another "
                              "(eager, the slow part at many sessions of a large model)")
@@ -401,8 +416,9 @@ def main(argv: list[str] | None = None) -> dict:
     device = torch.device(args.device)
     name = torch.cuda.get_device_name() if device.type == "cuda" else f"{platform.processor() or 'cpu'}, " \
         f"{torch.get_num_threads()} threads"
-    report = {"device": name, "torch": torch.__version__, "block": args.block,
-              "models": [measure_model(m, device, args) for m in models]}
+    with attention_kernel(args.sdpa):
+        report = {"device": name, "torch": torch.__version__, "block": args.block, "sdpa": args.sdpa,
+                  "models": [measure_model(m, device, args) for m in models]}
     if args.draft:
         report["drafter"] = measure_drafter(args.draft, args.repeats)
     out = args.out or Path(__file__).parent / "results" / f"gpu-{device.type}"
