@@ -145,7 +145,8 @@ class StaticQwen2:
         group = s.heads // s.kv_heads
         q = q.transpose(1, 2).reshape(r, s.kv_heads, group * t, s.head_dim)  # (R, G, group * T, E)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # (R, G, group * T, E)
-        out = out.view(r, s.heads, t, s.head_dim).transpose(1, 2)  # (R, T, H, E)
+        # reshape, not view: in float32 on CUDA the attention kernel hands back other strides
+        out = out.reshape(r, s.heads, t, s.head_dim).transpose(1, 2)  # (R, T, H, E)
         return F.linear(out.reshape(r, t, s.heads * s.head_dim), a.o_proj.weight)
 
     @staticmethod
