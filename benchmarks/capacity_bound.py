@@ -118,7 +118,7 @@ def user_rate(profile, kept: list[float], members: int, guesses: float, context:
     also reads the prompts of the replies its members begin, one every max_tokens / (1 + kept) passes."""
     made = 1 + kept_by(kept, guesses)
     prompts = members * load.prompt_tokens * made / load.max_tokens
-    return made / profile.pass_ms(members * (1 + guesses) + prompts, members, members * context) * 1000
+    return made / profile.pass_ms(members * (1 + guesses) + prompts, members, members * context, context) * 1000
 
 
 def paced_busy(profile, kept: list[float], users: int, guesses: float, context: int, load: Load,
@@ -131,7 +131,7 @@ def paced_busy(profile, kept: list[float], users: int, guesses: float, context: 
     passes_per_s = rate / made
     members = users * min(1.0, load.max_tokens / rate / load.pace_s)
     tokens = members * (1 + guesses) + users / load.pace_s * load.prompt_tokens / passes_per_s
-    ms = profile.pass_ms(tokens, max(1, round(members)), members * context)
+    ms = profile.pass_ms(tokens, max(1, round(members)), members * context, context)
     return passes_per_s * ms / 1000, tokens, members
 
 

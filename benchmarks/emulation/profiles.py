@@ -9,6 +9,11 @@ Two kinds:
       and continued along the last slope past them;
     `session_ms`: each more session sharing the pass;
     `context_ms_per_ktoken`: each 1,000 cached tokens of each member (reading its KV cache);
+    `longest_context_ms_per_ktoken`: each 1,000 cached tokens of the pass's longest member, where
+      that costs more than the sum above: one row's attention is bound by latency, not by bytes,
+      so a few members with long histories pay more than their KV's bandwidth (measured on an
+      H200 with the project's torch path: 1.1 ms a 1,000 tokens for a lone 7B session, 0.06 for
+      each of 32); the larger of the two terms is the pass's context cost (0: the sum alone);
     `[[check]]`: the source's own figures the profile must reproduce (within CHECK_TOLERANCE): a
       pass of `tokens` (default 1) a member for `sessions` members with `context_tokens` cached
       each takes `ms` by `source` (a serving engine's latency at a concurrency, or a long prompt's).
@@ -52,6 +57,7 @@ class TargetProfile:
     pass_points: tuple[tuple[int, float], ...]  # (tokens, ms) for one session
     session_ms: float = 0.0
     context_ms_per_ktoken: float = 0.0
+    longest_context_ms_per_ktoken: float = 0.0
     description: str = ""
     measured: bool = False  # written by benchmarks.gpu on a real GPU
     sources: dict = field(default_factory=dict)
@@ -59,12 +65,14 @@ class TargetProfile:
 
     def check_ms(self, check: SourceCheck) -> float:
         """What the profile gives for a source's figure."""
-        return self.pass_ms(check.tokens * check.sessions, check.sessions, check.context_tokens * check.sessions)
+        return self.pass_ms(check.tokens * check.sessions, check.sessions, check.context_tokens * check.sessions,
+                            check.context_tokens)
 
-    def pass_ms(self, tokens: int, sessions: int = 1, context_tokens: int = 0) -> float:
-        """c(tokens in the pass, sessions in it, cached tokens of all of them), in ms."""
-        return (interpolate(list(self.pass_points), max(tokens, 1)) + self.session_ms * max(sessions - 1, 0)
-                + self.context_ms_per_ktoken * context_tokens / 1000)
+    def pass_ms(self, tokens: int, sessions: int = 1, context_tokens: int = 0, longest_context: int = 0) -> float:
+        """c(tokens in the pass, sessions in it, cached tokens of all of them, of the longest), in ms."""
+        context_ms = max(self.context_ms_per_ktoken * context_tokens,
+                         self.longest_context_ms_per_ktoken * longest_context) / 1000
+        return interpolate(list(self.pass_points), max(tokens, 1)) + self.session_ms * max(sessions - 1, 0) + context_ms
 
 
 @dataclass(frozen=True)
@@ -126,8 +134,9 @@ def load_profile(name_or_path: str | Path) -> TargetProfile | DrafterProfile:
                                        ms=float(c["ms"]), source=str(c["source"]), tokens=int(c.get("tokens", 1)))
                            for c in data.get("check", []))
             return TargetProfile(pass_points=points, session_ms=float(data.get("session_ms", 0.0)),
-                                 context_ms_per_ktoken=float(data.get("context_ms_per_ktoken", 0.0)), checks=checks,
-                                 **common)
+                                 context_ms_per_ktoken=float(data.get("context_ms_per_ktoken", 0.0)),
+                                 longest_context_ms_per_ktoken=float(data.get("longest_context_ms_per_ktoken", 0.0)),
+                                 checks=checks, **common)
         if kind == "drafter":
             batch = tuple(sorted((int(n), float(x)) for n, x in data.get("batch_cost", [])))
             if any(n < 2 or x < 1.0 for n, x in batch):

@@ -234,23 +234,24 @@ class EmulatedTarget:
         else:
             logits = self.inner.forward(cache.inner, tokens, n_logits)
         cache.length += len(tokens)
-        self._hold(started, len(tokens), 1, context)
+        self._hold(started, len(tokens), 1, context, context)
         return logits
 
     def forward_many(self, passes: Sequence[Pass]) -> list[np.ndarray]:
         started = time.perf_counter()
         context = sum(item.cache.length for item in passes)
+        longest = max((item.cache.length for item in passes), default=0)
         results = run_passes(self.inner, [Pass(item.cache.inner, item.tokens, item.n_logits, item.argmax_only,
                                                item.tree) for item in passes])
         for item in passes:
             item.cache.length += len(item.tokens)
-        self._hold(started, sum(len(item.tokens) for item in passes), len(passes), context)
+        self._hold(started, sum(len(item.tokens) for item in passes), len(passes), context, longest)
         return results
 
-    def _hold(self, started: float, tokens: int, sessions: int, context: int) -> None:
+    def _hold(self, started: float, tokens: int, sessions: int, context: int, longest: int) -> None:
         """Sleep until the pass has taken the profile's time for its shape."""
         self.passes += 1
-        due = self.profile.pass_ms(tokens, sessions, context) / 1000 * self.time_scale
+        due = self.profile.pass_ms(tokens, sessions, context, longest) / 1000 * self.time_scale
         left = due - (time.perf_counter() - started)
         if left > 0:
             time.sleep(left)
