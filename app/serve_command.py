@@ -51,11 +51,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "greedy output equals the target alone even at near-ties (default: on for llamacpp, "
                        "whose invariant kernels cost a share of each pass; off for torch, where it means "
                        "one pass per token; onnx has no such mode)")
-    serve.add_argument("--torch-static", action="store_true",
-                       default=env("SPECWIRE_TORCH_STATIC", "") not in ("", "0"),
+    serve.add_argument("--torch-static", action=argparse.BooleanOptionalAction,
+                       default={"": None, "0": False}.get(env("SPECWIRE_TORCH_STATIC", ""), True),
                        help="torch backend: a static KV cache with a slot per session (--max-sessions slots of "
-                       "--max-context positions), one forward for several sessions' passes, CUDA graphs "
-                       "and bfloat16 on a GPU")
+                       "--max-context positions, as many as a GPU's free memory holds), one forward for several "
+                       "sessions' passes, CUDA graphs and bfloat16 on a GPU (default: on a GPU, for the Qwen2 "
+                       "models it implements; off on the CPU)")
     serve.add_argument("--batch-tokens", type=int, default=int(env("SPECWIRE_BATCH_TOKENS", BATCH_TOKENS)),
                        metavar="N", help="run the waiting sessions' rounds (one each, in turn) as one forward "
                        "pass of up to N tokens, or 4 a member where that is more (over 64 members at the default); 0 runs "

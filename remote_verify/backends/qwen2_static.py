@@ -23,6 +23,15 @@ import torch
 import torch.nn.functional as F
 
 
+class NotPlainQwen2(ValueError):
+    """A model the static path does not implement (the eager torch path serves it)."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("the static torch path implements plain Qwen2 only: " + "; ".join(problems)
+                         + " (serve this target without --torch-static)")
+
+
 @dataclass(frozen=True)
 class Qwen2Shape:
     """What the forward needs from a transformers Qwen2Config."""
@@ -45,8 +54,7 @@ class Qwen2Shape:
         if scaling.get("rope_type", scaling.get("type", "default")) != "default":
             problems.append(f"rope scaling {scaling} is not implemented")
         if problems:
-            raise ValueError("the static torch path implements plain Qwen2 only: " + "; ".join(problems)
-                             + " (serve this target without --torch-static)")
+            raise NotPlainQwen2(problems)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         theta = getattr(config, "rope_theta", None) or (getattr(config, "rope_parameters", None) or {}).get(
             "rope_theta", 10000.0)
@@ -56,6 +64,11 @@ class Qwen2Shape:
 
 class StaticKV:
     """Keys and values of every slot, per layer: (slots + 1, S, G, E), allocated once."""
+
+    @staticmethod
+    def slot_bytes(shape: Qwen2Shape, positions: int, dtype: torch.dtype) -> int:
+        """Bytes one slot of `positions` holds: keys and values of every layer."""
+        return 2 * shape.layers * positions * shape.kv_heads * shape.head_dim * torch.empty((), dtype=dtype).element_size()
 
     def __init__(self, shape: Qwen2Shape, slots: int, positions: int, dtype: torch.dtype, device: torch.device):
         size = (slots + 1, positions, shape.kv_heads, shape.head_dim)

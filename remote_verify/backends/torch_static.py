@@ -40,7 +40,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from remote_verify.backends.qwen2_static import StaticKV, StaticQwen2
+from remote_verify.backends.qwen2_static import Qwen2Shape, StaticKV, StaticQwen2
 from remote_verify.backends.target import CacheFull, Pass
 from remote_verify.backends.torch_backend import TorchTarget
 
@@ -48,6 +48,10 @@ log = logging.getLogger(__name__)
 
 BLOCK_BUCKETS = (1, 2, 3, 5, 9, 17, 33)  # k + 1 for k = 0, 1, 2, 4, 8, 16, 32; longer: powers of two
 MIN_KEYS = 256  # keys read per row: a power of two from this, so few graph shapes cover all lengths
+# What a GPU keeps free beside the weights and the KV slots: activations of a pass (a 320-token
+# pass of the 32B holds tensors of tens of MB), the graphs' pool and cuBLAS's workspaces. An
+# estimate with room, not a measurement.
+GPU_HEADROOM_BYTES = 4 << 30
 
 
 class NoFreeSlot(CacheFull):
@@ -96,6 +100,11 @@ class SlotPool:
         return len(self._free)
 
 
+def slots_that_fit(wanted: int, slot_bytes: int, free_bytes: int, headroom_bytes: int = GPU_HEADROOM_BYTES) -> int:
+    """How many of `wanted` KV slots of `slot_bytes` each fit in `free_bytes`, leaving the headroom."""
+    return max(0, min(wanted, (free_bytes - headroom_bytes) // slot_bytes))
+
+
 def block_bucket(n: int) -> int:
     for size in BLOCK_BUCKETS:
         if n <= size:
@@ -119,6 +128,8 @@ class StaticEngine:
             raise ValueError(f"the static cache needs at least 1 slot and 2 positions, got {slots} and {context}")
         self.model = StaticQwen2(hf_model)
         self.device = self.model.device
+        if self.device.type == "cuda":  # allocated whole at start: as many slots as the GPU holds
+            slots = self._slots_on_gpu(slots, context)
         self.context = context  # valid positions 0..context-1; position `context` takes padding
         self.kv = StaticKV(self.model.shape, slots, context + 1, self.model.dtype, self.device)
         self.rope = self.model.rope_table(context + 1)
@@ -130,6 +141,20 @@ class StaticEngine:
             self.graphs = GraphedForward(self.model, self.kv, self.rope)
         log.info("static KV cache: %d slots of %d positions (%s), CUDA graphs %s", slots, context,
                  self.model.dtype, "on" if self.graphs else "off")
+
+    def _slots_on_gpu(self, wanted: int, context: int) -> int:
+        per_slot = StaticKV.slot_bytes(self.model.shape, context + 1, self.model.dtype)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        fit = slots_that_fit(wanted + 1, per_slot, free) - 1  # one more slot: the scratch
+        if fit < 1:
+            raise RuntimeError(f"the GPU has {free / 2**30:.1f} GiB free beside the weights: not enough for one "
+                               f"session's KV cache of {context} positions ({per_slot / 2**30:.2f} GiB) and "
+                               f"{GPU_HEADROOM_BYTES >> 30} GiB of working memory; serve with a smaller --max-context")
+        if fit < wanted:
+            log.warning("the GPU's free memory holds the KV caches of %d sessions of %d positions, not %d: more "
+                        "are refused (sessions_full) until one closes; a smaller --max-context fits more", fit,
+                        context, wanted)
+        return fit
 
     def new_cache(self) -> SlotCache:
         return SlotCache(self, self.pool.take())

@@ -134,3 +134,19 @@ def test_sessions_whose_kv_memory_cannot_fit_are_refused_at_start(tiny, capsys):
     err = capsys.readouterr().err
     assert "refusing to start: --max-sessions 10000000 x --max-context 4096 need" in err, err
     assert "lower --max-sessions (at most" in err and "or --max-context" in err
+
+
+@pytest.mark.parametrize(("flags", "environment", "expected"), [
+    ((), {}, None), (("--torch-static",), {}, True), (("--no-torch-static",), {}, False),
+    ((), {"SPECWIRE_TORCH_STATIC": "0"}, False), ((), {"SPECWIRE_TORCH_STATIC": "1"}, True),
+    (("--no-torch-static",), {"SPECWIRE_TORCH_STATIC": "1"}, False)])
+def test_torch_static_unasked_is_left_to_the_device(monkeypatch, flags, environment, expected):
+    """Neither flag nor variable: None, which the backend factory reads as on a GPU and off on the CPU;
+    either one decides, and the flag wins over the variable."""
+    from app.cli import build_parser
+
+    monkeypatch.delenv("SPECWIRE_TORCH_STATIC", raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    args = build_parser().parse_args(["serve", *flags])
+    assert args.torch_static is expected

@@ -1,13 +1,15 @@
 """The static-cache torch path on the CPU (float32, eager): exact where HF eager is, batched, slotted.
 
-CUDA graphs and bfloat16 are not exercised here (no GPU): the graph path's padding and
-buffers are, with the capture replaced by a plain call; `python -m benchmarks.gpu` on a
-CUDA machine runs the capture and compares its logits with the same forward run eagerly.
+CUDA graphs and bfloat16 are not exercised here: the graph path's padding and buffers are,
+with the capture replaced by a plain call. On a CUDA machine test_cuda_static.py runs the
+capture (greedy parity through the service included), and `python -m benchmarks.gpu` compares
+its logits with the same forward run eagerly on the real shapes.
 """
 
 from __future__ import annotations
 
 import gc
+import json
 
 import numpy as np
 import pytest
@@ -229,6 +231,49 @@ def test_load_backend_refuses_static_where_it_does_not_apply(tiny):
         load_backend("llamacpp", tiny.target_gguf, device="cpu", torch_static=True)
     with pytest.raises(ValueError, match="batch-invariant"):
         load_backend("torch", tiny.target, device="cpu", torch_static=True, batch_invariant=True)
+
+
+def test_the_static_path_is_the_default_on_a_gpu_only_and_gives_way_to_eager_for_what_it_does_not_implement(
+        tiny, tmp_path, caplog):
+    """Unasked, the torch backend serves eagerly on the CPU (the static path is chosen on a GPU, which this
+    machine lacks: the choice itself is the same code); a model the static path does not implement is served
+    eagerly with a warning where the static path was only the default, and refused where it was asked for."""
+    import shutil
+
+    from remote_verify.backends.factory import _static_or_eager
+    from remote_verify.backends.qwen2_static import NotPlainQwen2
+    from remote_verify.backends.torch_backend import TorchTarget
+
+    assert type(load_backend("torch", tiny.target, device="cpu")) is TorchTarget
+    assert isinstance(_static_or_eager(tiny.target, "cpu", 2, 256), TorchStaticTarget)
+    sliding = tmp_path / "sliding"
+    shutil.copytree(tiny.target, sliding)
+    config = json.loads((sliding / "config.json").read_text())
+    (sliding / "config.json").write_text(json.dumps({**config, "use_sliding_window": True}))
+    with caplog.at_level("WARNING", logger="remote_verify.backends.factory"):
+        fallback = _static_or_eager(sliding, "cpu", 2, 256)
+    assert type(fallback) is TorchTarget
+    assert "plain Qwen2 only (sliding-window attention is on): serving with the eager torch path" in caplog.text
+    with pytest.raises(NotPlainQwen2, match="plain Qwen2 only"):
+        load_backend("torch", sliding, device="cpu", torch_static=True)
+
+
+def test_the_gpu_holds_as_many_slots_as_fit_beside_the_headroom():
+    """KV slots sized by the free memory: all that are wanted where they fit, fewer where not, none where
+    even the headroom does not fit; a slot's bytes are its layers' keys and values."""
+    from remote_verify.backends.qwen2_static import Qwen2Shape, StaticKV
+    from remote_verify.backends.torch_static import GPU_HEADROOM_BYTES, slots_that_fit
+
+    gib = 1 << 30
+    assert slots_that_fit(64, gib, GPU_HEADROOM_BYTES + 100 * gib) == 64
+    assert slots_that_fit(64, gib, GPU_HEADROOM_BYTES + 10 * gib + gib // 2) == 10
+    assert slots_that_fit(64, gib, GPU_HEADROOM_BYTES - 1) == 0
+    shape_32b = Qwen2Shape(layers=64, heads=40, kv_heads=8, head_dim=128, eps=1e-5, rope_theta=1e6)
+    import torch
+
+    assert StaticKV.slot_bytes(shape_32b, 4096, torch.bfloat16) == 2 * 64 * 4096 * 8 * 128 * 2  # 1 GiB
+    # the 32B's slots of 4,096 positions (and one more for padding) in 65 GiB free: 59 sessions and the scratch
+    assert slots_that_fit(65, StaticKV.slot_bytes(shape_32b, 4097, torch.bfloat16), 65 * gib) - 1 == 59
 
 
 PROMPTS = ["def quicksort(arr):", "The quick brown fox", "class Stack:\n    def push(self, x):",
