@@ -20,11 +20,10 @@ import torch
 from remote_verify.backends.target import Pass
 from remote_verify.backends.torch_backend import TorchTarget
 from remote_verify.backends.torch_static import BLOCK_BUCKETS, TorchStaticTarget
-from tests.conftest import RunningService, hello_for
 from tests.local_draft.test_fallback import target_alone
-from tests.remote_verify.test_torch_static import MAX_TOKENS, PROMPTS, greedy_rounds, random_tokens
+from tests.remote_verify.test_torch_static import (MAX_TOKENS, assert_service_parity, greedy_rounds,
+                                                   random_tokens)
 from tests.remote_verify.test_tree_attention import HISTORY, KEPT, PARENTS, TOKENS, chain_of
-from wire.protocol import SamplingParams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU: torch sees none here (test_torch_static.py covers the "
@@ -151,23 +150,5 @@ def test_greedy_speculation_through_the_service_on_the_gpu_is_token_identical_to
         request, tiny, cuda_eager, drafter):
     """A real service on port 0 serving the graphed static path on the GPU: k = 1, 4, 8 and adaptive,
     both drafters (llama.cpp), one session for all prompts: the tokens of the target alone on the GPU."""
-    from local_draft.speculator import Speculator  # llama.cpp's: imported where a drafter is used
-    from local_draft.verify_client import VerifyClient
-
-    draft = request.getfixturevalue(drafter)
-    service = RunningService(TorchStaticTarget(tiny.target, device="cuda", slots=4, context=1024))
-    try:
-        references = {p: target_alone(cuda_eager, draft.tokenize(p), MAX_TOKENS) for p in PROMPTS}
-        for k in (1, 4, 8, None):
-            client = VerifyClient(service.url, hello_for(draft))
-            speculator = Speculator(draft, client, SamplingParams(), k=k)
-            accepted = drafted = 0
-            for prompt in PROMPTS:
-                result = speculator.generate(draft.tokenize(prompt), MAX_TOKENS)
-                assert result.token_ids == references[prompt], f"k={k} diverged on {prompt!r}"
-                accepted, drafted = accepted + result.stats.accepted, drafted + result.stats.drafted
-            client.close()
-            if k is not None and drafter == "close_draft":  # blocks were verified, not just single tokens
-                assert accepted > 0.4 * drafted, (accepted, drafted)
-    finally:
-        service.close()
+    assert_service_parity(request.getfixturevalue(drafter), drafter == "close_draft",
+                          TorchStaticTarget(tiny.target, device="cuda", slots=4, context=1024), cuda_eager)

@@ -286,10 +286,17 @@ def test_greedy_speculation_through_the_service_is_token_identical_to_the_target
         request, tiny, torch_target, drafter):
     """A real service on port 0 serving the static path: k = 1, 4, 8 and adaptive, both drafters,
     one session for all prompts (Sync between them): the tokens of the HF eager target alone."""
-    draft = request.getfixturevalue(drafter)
-    service = RunningService(TorchStaticTarget(tiny.target, device="cpu", slots=4, context=1024))
+    assert_service_parity(request.getfixturevalue(drafter), drafter == "close_draft",
+                          TorchStaticTarget(tiny.target, device="cpu", slots=4, context=1024), torch_target)
+
+
+def assert_service_parity(draft, close: bool, backend, reference) -> None:
+    """Greedy speculation through a service serving `backend`, k = 1, 4, 8 and adaptive, one session
+    for all prompts: every reply the tokens of `reference` alone (and, with the close drafter, blocks
+    really verified)."""
+    service = RunningService(backend)
     try:
-        references = {p: target_alone(torch_target, draft.tokenize(p), MAX_TOKENS) for p in PROMPTS}
+        references = {p: target_alone(reference, draft.tokenize(p), MAX_TOKENS) for p in PROMPTS}
         for k in (1, 4, 8, None):
             client = VerifyClient(service.url, hello_for(draft))
             speculator = Speculator(draft, client, SamplingParams(), k=k)
@@ -299,7 +306,7 @@ def test_greedy_speculation_through_the_service_is_token_identical_to_the_target
                 assert result.token_ids == references[prompt], f"k={k} diverged on {prompt!r}"
                 accepted, drafted = accepted + result.stats.accepted, drafted + result.stats.drafted
             client.close()
-            if k is not None and drafter == "close_draft":  # blocks were verified, not just single tokens
+            if k is not None and close:  # blocks were verified, not just single tokens
                 assert accepted > 0.4 * drafted, (accepted, drafted)
     finally:
         service.close()
