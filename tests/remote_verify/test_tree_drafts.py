@@ -37,6 +37,10 @@ SEED = 11
 # the emulated device's pass: a tree sent after a frame is in time for the next pass, on a loaded machine
 # too (at 15 ms a suite's load made the client's tree late for half the passes)
 TREE_PASS_MS = 40.0
+# Kept guesses that show the trees were walked: with no walk, none is kept (every first child is a
+# trap). A tree answers each frame over the loopback inside a pass when the machine is quiet (13
+# of 24 kept, greedy and sampled); under the full suite's load some come a pass late (11 seen once).
+KEPT_AT_LEAST = 6
 
 
 def _pick(target, logits, params: SamplingParams, randomness: DecisionRandomness, position: int) -> int:
@@ -176,7 +180,7 @@ def test_greedy_streams_with_trees_are_the_target_alone(service_on, request, kin
     assert made == expected
     assert said is verifies_trees
     if kind == "emulated":
-        assert accepted >= TOKENS // 2, accepted  # the right branches were kept: the trees were walked
+        assert accepted >= KEPT_AT_LEAST, accepted  # the right branches were kept: the trees were walked
     elif not verifies_trees:
         assert accepted == 0
 
@@ -189,7 +193,7 @@ def test_sampled_text_is_a_function_of_the_seed_with_and_without_trees(emulated_
     alone, _, _ = stream_with_trees(emulated_torch, PROMPT, expected, SAMPLED, SEED, trees=False)
     with_trees, accepted, _ = stream_with_trees(emulated_torch, PROMPT, expected, SAMPLED, SEED)
     assert alone == expected and with_trees == expected
-    assert accepted >= TOKENS // 2, accepted
+    assert accepted >= KEPT_AT_LEAST, accepted
     other_seed = on_device(emulated_torch, lambda: target_alone(backend, PROMPT, TOKENS, SAMPLED, SEED + 1))
     assert other_seed != expected  # the seed decides
 
