@@ -203,8 +203,8 @@ def main(argv: list[str] | None = None) -> str:
                           *[part for d in args.derived for part in ("--derived", d)],
                           *(["--derived-why", args.derived_why] if args.derived_why else [])])
     text = profile_toml(result, args.name, description, device, command, derived, args.derived_why)
-    misses = [c for c in as_profile(result, args.name).checks
-              if abs(as_profile(result, args.name).check_ms(c) - c.ms) > CHECK_TOLERANCE * c.ms]
+    profile = as_profile(result, args.name)
+    misses = [c for c in profile.checks if abs(profile.check_ms(c) - c.ms) > CHECK_TOLERANCE * c.ms]
     if args.out:
         args.out.write_text(text)
     else:

@@ -40,7 +40,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from remote_verify.backends.qwen2_static import Qwen2Shape, StaticKV, StaticQwen2
+from remote_verify.backends.qwen2_static import StaticKV, StaticQwen2
 from remote_verify.backends.target import CacheFull, Pass
 from remote_verify.backends.torch_backend import TorchTarget
 
