@@ -34,7 +34,7 @@ def load_backend(kind: str, target: str | Path, device: str = "auto", threads: i
     `torch_static`: the torch backend's static-cache path (torch_static.py), with a KV slot
     of `max_context` positions for each of `sessions` sessions (on a GPU as many as its free
     memory holds), batched passes, and CUDA graphs on a GPU. It has no batch-invariant mode.
-    None: on where the torch backend runs on a GPU (measured on an H200: a one-token pass 3 to 7
+    None: on where the torch backend runs on a GPU (measured on an H200: a one-token pass 1.7 to 7
     times quicker than eager, 32 sessions' blocks in one forward 86 to 120 times the same passes
     queued) and the model is one it implements (plain Qwen2; others are served eagerly, said in
     the log); off on the CPU, where one session is not clearly faster with it.
