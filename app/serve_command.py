@@ -19,7 +19,7 @@ from app.model_paths import resolve_model
 from app.token_file import read_token_file, read_token_line
 from app.threads_flags import add_service_threads_argument
 from app.user_error import UserError
-from wire.limits import BATCH_TOKENS, ServiceLimits
+from wire.limits import BATCH_TOKENS, FIRST_TOKEN_ROOM, ServiceLimits
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "stream allows (each at most about 5%% behind one; the default); --no-fair-passes: by the "
                        "pass's goodput alone (more in all, where round trips are long, and some users slower "
                        "than a plain stream)")
+    serve.add_argument("--first-token-room", type=float, default=float(env("SPECWIRE_FIRST_TOKEN_ROOM", FIRST_TOKEN_ROOM)),
+                       metavar="R", help="with --fair-passes: a pass that makes a reply's first token may cost up to "
+                       "1 + R times the plain pass (the members' own tokens, no guesses); 0: no guess lengthens it, a "
+                       "first token as soon as a plain stream's, at some throughput where replies begin in most "
+                       "passes (default: %(default)s)")
     serve.add_argument("--max-draft", type=int, default=32, help="longest draft block per round (default: %(default)s)")
     serve.add_argument("--max-context", type=int, default=4096,
                        help="longest history per session (default: %(default)s)")
@@ -178,6 +183,9 @@ def run_serve(args: argparse.Namespace) -> int:
         except (OSError, ssl.SSLError) as exc:
             raise UserError(f"cannot use the TLS certificate {args.tls_cert} with the key {args.tls_key}: "
                             f"{exc.strerror or exc}") from exc
+    if not args.first_token_room >= 0:  # NaN too
+        raise UserError(f"--first-token-room must be 0 or more (how much a first token's pass may exceed the "
+                        f"plain pass, 1 = twice it), got {args.first_token_room}")
     if args.batch_tokens < 0:
         raise UserError(f"--batch-tokens must be 0 (one session a pass) or more, got {args.batch_tokens}")
     target = resolve_model(args.target, args.pair, "target")
@@ -186,6 +194,7 @@ def run_serve(args: argparse.Namespace) -> int:
     config = ServiceConfig(host=args.host, port=args.port, token=token, tls=tls,
                            limits=SessionLimits(max_draft=args.max_draft, max_context=args.max_context),
                            service_limits=limits, batch_tokens=args.batch_tokens, fair_passes=args.fair_passes,
+                           first_token_room=args.first_token_room,
                            public_metrics=args.public_metrics, device_nice=args.device_nice)
     service = VerifyService(lambda: load_backend(args.backend, target, device=args.device, threads=args.threads,
                                                  batch_threads=args.batch_threads,

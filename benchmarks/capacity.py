@@ -389,13 +389,14 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
                  recording_path: Path = DEFAULT_RECORDING, vocab_path: Path | None = None,
                  on_record=None, thin_acceptance: float | None = None, level=None,
                  on_served=None, fair: bool = True, batch_tokens: int | None = None,
-                 pace_s: float = 0.0, think_s: float = 0.0) -> list[WaveRecord]:
+                 pace_s: float = 0.0, think_s: float = 0.0,
+                 first_token_room: float | None = None) -> list[WaveRecord]:
     """Every (round trip, users, mode) wave; `vocab_path`: the GGUF of the recording's vocabulary
     (default: the default pair's draft). With `level` (a service_level.ServiceLevel), instead, per
     round trip and mode, the users served at that level, by a search over user counts from the
     first of `user_counts` up to its last (`on_served(rtt, mode, users)` is told each). `pace_s`: a user's
     replies begin that many emulated seconds apart (0: each when the last ends, after a wait of `think_s` on
-    average)."""
+    average). `first_token_room`: the service's --first-token-room (None: its default)."""
     from local_draft.draft_model import DraftModel
     from local_draft.verify_client import PING_TIMEOUT_S
     from models.registry import file_path, get_pair
@@ -422,7 +423,9 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
     service, url = start_emulated_service(target_profile, "--replay", str(recording_path), "--vocab", str(vocab_path),
                                           "--time-scale", str(time_scale), "--max-sessions", str(max(user_counts)),
                                           "--fair-passes" if fair else "--no-fair-passes",
-                                          *(("--batch-tokens", str(batch_tokens)) if batch_tokens is not None else ()))
+                                          *(("--batch-tokens", str(batch_tokens)) if batch_tokens is not None else ()),
+                                          *(("--first-token-room", str(first_token_room))
+                                            if first_token_room is not None else ()))
     results = []
     what_if = "what-if" in load_target_profile(target_profile).description.lower()
     try:
@@ -568,6 +571,8 @@ def add_arguments(parser) -> None:
     group.add_argument("--fair-passes", action=argparse.BooleanOptionalAction, default=True,
                        help="with --emulate: the service's --fair-passes, its default (guesses only as every "
                        "member's ledger allows); --no-fair-passes: by the pass's goodput alone")
+    group.add_argument("--first-token-room", type=float, metavar="R",
+                       help="with --emulate: the service's --first-token-room (default: the service's own)")
     group.add_argument("--capacity", action="store_true",
                        help="with --emulate: instead of every count in --users, the users served at the service "
                        "level per round trip and mode, searched from the first count in --users (doubling, "
@@ -622,7 +627,8 @@ def main_emulated(args) -> None:
                                                      f"{first_token_said(r)} (emulated)", flush=True),
                            thin_acceptance=args.thin_acceptance, level=level,
                            on_served=lambda rtt, mode, n: served.append((rtt, mode, n)), fair=args.fair_passes,
-                           batch_tokens=args.batch_tokens, pace_s=args.reply_every, think_s=args.think)
+                           batch_tokens=args.batch_tokens, pace_s=args.reply_every, think_s=args.think,
+                           first_token_room=args.first_token_room)
     print_records(records)
     if level is not None:
         print_served(args.emulate, served, level, users[-1], args.reply_every)

@@ -24,12 +24,13 @@ every other member's room and within its own room plus what its own guesses expe
 a plain stream: 3%.
 
 A member starting a reply (its pass feeds a prompt and makes the first token) starts even: its
-room is SLACK_TOKENS, whatever its ledger from earlier replies, so the pass that carries a first
-token costs at most twice the plain pass. (A tighter room for first tokens, 1.2x, bound nearly
-every pass at 64 users, where some reply starts in almost every pass: guesses all but stopped. None
-at all, no guess in a pass that makes a first token, left the emulated 7B's first token at 64 users
-1.25x server-only's at p99, as it waits for the pass running when its prompt comes, and cost the 70B
-at 32 users its aggregate, 2.26x to 1.95x: docs/results.md.)
+room is FIRST_TOKEN_ROOM (`specwire serve --first-token-room`), whatever its ledger from earlier replies,
+so the pass that carries a first token costs at most twice the plain pass; at 0, no guess lengthens
+it. (A tighter room for first tokens, 1.2x, bound nearly every pass at 64 users, where some reply
+starts in almost every pass: guesses all but stopped. None at all, once a prompt of about a piece went
+whole, took the emulated 7B's first token at 64 users to 1.13x server-only's at p99, from 1.20x, and
+cost the 70B at 32 users its aggregate, 2.25x to 1.98x: docs/results.md. The default keeps the
+aggregate; a service whose users want first tokens most takes 0.)
 A prompt too long to go whole is read a piece every other pass, and every pass until its first token
 delays it: while one is, no member's room exceeds PREFILL_ROOM (the queue applies it).
 Its place in a pass is never taken by guesses: the queue fits members by the tokens they must
@@ -43,6 +44,8 @@ from __future__ import annotations
 
 from typing import Hashable
 
+from wire.limits import FIRST_TOKEN_ROOM  # a reply's first pass costs at most 2x the plain one, by default
+
 MEMORY = 0.98  # weight of the past per pass: about fifty passes
 SLACK_TOKENS = 1.0  # the deficit a member may run: (1 - MEMORY) x this a pass at most, 2%
 # each pass, a member may fall this much behind a plain stream without it counting against it: with
@@ -55,7 +58,6 @@ SLACK_TOKENS = 1.0  # the deficit a member may run: (1 - MEMORY) x this a pass a
 # ledger, counting the members' plain pass, cost the 70B at 32 users a sixth of its aggregate.)
 ALLOWANCE = 0.01
 BANK_TOKENS = 6.0  # gains banked at most: about ten passes twice the plain one's cost, at 1.4 tokens a pass
-FIRST_TOKEN_ROOM = SLACK_TOKENS  # a reply's first member starts even: its pass costs at most 2x the plain one
 # While a prompt is read in pieces (too long to go whole beside the streams: remote_verify/scheduler.py),
 # every pass until its first token delays it, and a piece goes in every other pass: at a room of
 # FIRST_TOKEN_ROOM each could cost twice the plain pass, and the emulated 32B at 64 users read a long
@@ -66,13 +68,14 @@ PREFILL_ROOM = 0.2
 class PassLedger:
     """Each session's gain against a plain stream (device thread only)."""
 
-    def __init__(self) -> None:
+    def __init__(self, first_token_room: float = FIRST_TOKEN_ROOM) -> None:
         self._owed: dict[Hashable, float] = {}
+        self.first_token_room = first_token_room  # `specwire serve --first-token-room`
 
     def room(self, session: Hashable, starting: bool) -> float:
         """How much more than the plain pass (r - 1) `session` lets a pass cost before its own guesses."""
         if starting:
-            return FIRST_TOKEN_ROOM
+            return self.first_token_room
         return self._owed.get(session, 0.0) + SLACK_TOKENS
 
     def after_pass(self, session: Hashable, made: float, ratio: float) -> None:

@@ -44,6 +44,7 @@ from wire.service_proof import CHALLENGE_HEADER, MAX_CHALLENGE_CHARS, PROOF_HEAD
 from remote_verify.frames import BadFrame, FrameReader, frame_cost, hello_problems
 from remote_verify.idle import IdleClock
 from remote_verify.limits import TokenBucket
+from remote_verify.pass_ledger import FIRST_TOKEN_ROOM
 from wire.grammar import KINDS as grammar_kinds, available as grammars_available
 from wire.limits import ServiceLimits
 from remote_verify.logs import printable, session_log
@@ -100,6 +101,7 @@ class ServiceConfig:
     batch_tokens: int = BATCH_TOKENS  # budget of a forward pass shared by sessions; 0: one session a pass
     public_metrics: bool = False  # /metrics without the token (a scraper inside the cluster); else behind it
     fair_passes: bool = True  # guesses fill a shared pass only as every member's ledger allows (pass_ledger.py)
+    first_token_room: float = FIRST_TOKEN_ROOM  # how much more than the plain pass a pass making a first token may cost
     device_nice: int = 0  # the device thread's niceness over the event loop's (remote_verify/device_priority.py)
 
 
@@ -128,6 +130,7 @@ class VerifyService:
         self.metrics = ServiceMetrics()
         self.queue = DeviceQueue("target", config.batch_tokens, nice=config.device_nice)  # one per device
         self.queue.fair = config.fair_passes
+        self.queue.ledger.first_token_room = config.first_token_room
         self.metrics.queue_depth.set_function(lambda: self.queue.depth)
         self.metrics.target_passes.set_function(lambda: self.queue.passes)
         self.metrics.pass_members.set_function(lambda: self.queue.shared_items)

@@ -72,6 +72,10 @@ BATCH_TOKENS = 256
 # 1.40x the users server-only did, and at most 1.63x with any scheduling, by its own cost curve and
 # the default pair's acceptance (docs/results.md). Four a member is a chain of three guesses each.
 MEMBER_TOKENS = 4
+# How much more than the plain pass (the members' own tokens, no guesses) a shared pass that makes a
+# reply's first token may cost, by default (`specwire serve --first-token-room`; remote_verify/pass_ledger.py):
+# twice it. Here, beside the service's other settings, so that the command line reads it without the service.
+FIRST_TOKEN_ROOM = 1.0
 
 # Bounds on the lists of one request that no service setting changes. A service refuses a
 # longer list while decoding, from the list's length header, before it builds a single

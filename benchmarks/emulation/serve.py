@@ -22,6 +22,7 @@ from pathlib import Path
 from benchmarks.emulation.profiles import load_target_profile
 from benchmarks.emulation.recording import DEFAULT_RECORDING, Recording
 from benchmarks.emulation.target import EmulatedTarget, ReplayTarget
+from remote_verify.pass_ledger import FIRST_TOKEN_ROOM
 from wire.limits import BATCH_TOKENS, ServiceLimits
 
 
@@ -62,6 +63,8 @@ def main() -> None:
     parser.add_argument("--fair-passes", action=argparse.BooleanOptionalAction, default=True,
                         help="guesses fill a shared pass only as every member's ledger allows (specwire serve "
                         "--fair-passes, its default)")
+    parser.add_argument("--first-token-room", type=float, default=FIRST_TOKEN_ROOM,
+                        help="specwire serve --first-token-room (default: %(default)s)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.exit_with_parent:
@@ -71,7 +74,7 @@ def main() -> None:
     backend = emulated_backend(args.profile, args.replay, args.target, args.time_scale, args.max_context, args.vocab)
     config = ServiceConfig(port=args.port, limits=SessionLimits(max_draft=args.max_draft, max_context=args.max_context),
                            service_limits=ServiceLimits(max_sessions=args.max_sessions),
-                           batch_tokens=args.batch_tokens)
+                           batch_tokens=args.batch_tokens, first_token_room=args.first_token_room)
     service = VerifyService(backend, config)
     service.queue.fair = args.fair_passes
     from prometheus_client import Gauge

@@ -11,7 +11,7 @@ import pytest
 
 from app.cli import build_parser, main
 from tests.remote_verify.test_access import tls_files  # noqa: F401  (a fixture: a CA and a certificate it signed)
-from wire.limits import BATCH_TOKENS, ServiceLimits
+from wire.limits import BATCH_TOKENS, FIRST_TOKEN_ROOM, ServiceLimits
 
 
 def test_help_names_every_limit_with_its_default(capsys):
@@ -23,7 +23,8 @@ def test_help_names_every_limit_with_its_default(capsys):
     for flag, value in (("--max-frame-bytes", defaults.max_frame_bytes), ("--max-sessions", defaults.max_sessions),
                         ("--idle-timeout", defaults.idle_timeout_s), ("--rate", defaults.rate_per_s),
                         ("--rate-burst", defaults.rate_burst), ("--drain-timeout", defaults.drain_timeout_s),
-                        ("--max-draft", 32), ("--max-context", 4096), ("--batch-tokens", BATCH_TOKENS)):
+                        ("--max-draft", 32), ("--max-context", 4096), ("--batch-tokens", BATCH_TOKENS),
+                        ("--first-token-room", FIRST_TOKEN_ROOM)):
         assert flag in text and f"(default: {value})" in text[text.index(flag):], flag
     for flag in ("--tls-cert", "--tls-key", "--insecure-no-auth", "--log-format"):
         assert flag in text
@@ -33,6 +34,8 @@ def test_help_names_every_limit_with_its_default(capsys):
     (["--max-sessions", "0"], "--max-sessions must be at least 1"),
     (["--rate", "0"], "--rate must be more than 0"),
     (["--batch-tokens", "-1"], "--batch-tokens must be 0 (one session a pass) or more"),
+    (["--first-token-room", "-0.5"], "--first-token-room must be 0 or more"),
+    (["--first-token-room", "nan"], "--first-token-room must be 0 or more"),
     (["--tls-cert", "cert.pem"], "--tls-cert and --tls-key go together"),
     (["--tls-cert", "missing.pem", "--tls-key", "missing.pem"], "cannot use the TLS certificate missing.pem"),
 ])
@@ -46,6 +49,23 @@ def test_bad_service_settings_are_refused_before_loading_anything(tiny, capsys, 
 def test_shared_passes_are_on_by_default_and_can_be_turned_off(flags, budget):
     """--batch-tokens sets the budget of a shared pass; --no-batch is --batch-tokens 0."""
     assert build_parser().parse_args(["serve", *flags]).batch_tokens == budget
+
+
+@pytest.mark.parametrize("flags, room", [([], FIRST_TOKEN_ROOM), (["--first-token-room", "0"], 0.0)])
+def test_the_first_token_room_reaches_the_services_ledger(tiny, monkeypatch, flags, room):
+    """--first-token-room is the room a starting member gives the pass, in the queue `specwire serve` builds.
+    (The service's run is replaced by one that reads its queue and returns: nothing is served.)"""
+    from remote_verify.server import VerifyService
+
+    rooms = []
+
+    async def read_the_room(service, announce) -> None:
+        rooms.append(service.queue.ledger.room("a new reply", starting=True))
+        service.queue.shutdown()
+
+    monkeypatch.setattr(VerifyService, "run", read_the_room)
+    assert main(["serve", "--target", str(tiny.target_gguf), "--port", "0", *flags]) == 0
+    assert rooms == [room]
 
 
 @pytest.mark.parametrize("flags, kernels", [([], "batch-invariant"), (["--no-batch-invariant"], "batch-shaped kernels")])

@@ -58,17 +58,20 @@ def guessing_stream(backend, costs: PassCosts) -> tuple[Session, object]:
 
 def one_shared_pass(backend, fair: bool, other: str, behind: bool, costs: PassCosts | None = None,
                     banked: int = 0, behind_passes: int = 3, readers: int = 0,
-                    long_prompt: bool = False) -> tuple[int, int]:
+                    long_prompt: bool = False, first_token_room: float | None = None) -> tuple[int, int]:
     """(tokens the shared pass fed, the tokens its members had to feed) for the guessing stream and
     `other` ("plain": a stream one token in, no guesses; "first": a reply's prompt and first token),
     on the queue's cost curve `costs` (a compute-bound device's by default); `banked`: passes in which the
     plain stream made five tokens where the plain pass would have made one, before it fell behind;
     `readers`: other users of the service, reading a second after replies of 96 tokens that took 0.1 s here
     (guesses kept), none in this pass; `long_prompt`: a third session's prompt, too long to go whole beside
-    the streams, waits to be read in pieces (the pass measured is then the first, before its pieces)."""
+    the streams, waits to be read in pieces (the pass measured is then the first, before its pieces);
+    `first_token_room`: the service's --first-token-room (None: its default)."""
     costs = costs if costs is not None else compute_bound()
     queue = DeviceQueue("fair-test", costs=costs)
     queue.fair = fair
+    if first_token_room is not None:
+        queue.ledger.first_token_room = first_token_room
     guesser, guessing = guessing_stream(backend, costs)
     plain = Session(backend, SamplingParams(), seed=2, limits=SessionLimits())
     plain.start_generation(Generate(seq=1, committed_len=0, append=[4, 5, 6, 7]))
@@ -171,6 +174,13 @@ def test_a_first_token_never_waits_for_other_members_guesses(backend):
     assert mandatory < fed and costs.seconds(fed) <= (1 + FIRST_TOKEN_ROOM) * costs.seconds(mandatory) + 1e-9
     fed_unfair, mandatory = one_shared_pass(backend, fair=False, other="first", behind=False)
     assert costs.seconds(fed_unfair) > (1 + FIRST_TOKEN_ROOM) * costs.seconds(mandatory)
+
+
+def test_a_first_token_room_of_nothing_keeps_every_guess_out_of_its_pass(backend):
+    """`specwire serve --first-token-room 0`: the pass that makes a reply's first token feeds what its
+    members must, no guess (at the default room the same pass takes some: the test above)."""
+    fed, mandatory = one_shared_pass(backend, fair=True, other="first", behind=False, first_token_room=0.0)
+    assert fed == mandatory
 
 
 def test_a_prompt_read_in_pieces_is_not_queued_behind_other_members_guesses(backend):

@@ -592,17 +592,24 @@ def test_a_new_replys_long_prompt_does_not_wait_for_a_stream_charged_less(llamac
     assert max(after) < 300 and sum(after) >= 300, pieces  # the prompt in pieces, then a token
 
 
-def test_a_prompts_pieces_are_charged_by_their_cost_so_they_come_every_few_passes(llamacpp_target, monkeypatch):
-    """On a GPU-like curve (a pass of 60 tokens about twice one of 1), a 300-token prompt goes in pieces
-    of at most about 60 while three streams go on, and its pieces come every other pass or so: a piece
-    is charged its cost, not its tokens (charged 60, the session waited 54 passes for the streams to
-    feed 60 tokens each, a pass at a time, before its next piece)."""
+def _gpu_like_curve():
+    """A queue's cost curve like a GPU's (a pass of 60 tokens about twice one of 1), fixed: a first
+    piece is then about 60 tokens."""
     from remote_verify.pass_costs import PassCosts
 
     costs = PassCosts()
     for n in (1, 2, 4, 8, 16, 32, 64, 128):
         costs.observe(n, 0.010 + 0.0002 * n)
-    monkeypatch.setattr(costs, "observe", lambda *args, **kwargs: None)  # the curve stays as given
+    costs.observe = lambda *args, **kwargs: None  # the curve stays as given
+    return costs
+
+
+def test_a_prompts_pieces_are_charged_by_their_cost_so_they_come_every_few_passes(llamacpp_target):
+    """On a GPU-like curve (a pass of 60 tokens about twice one of 1), a 300-token prompt goes in pieces
+    of at most about 60 while three streams go on, and its pieces come every other pass or so: a piece
+    is charged its cost, not its tokens (charged 60, the session waited 54 passes for the streams to
+    feed 60 tokens each, a pass at a time, before its next piece)."""
+    costs = _gpu_like_curve()
     backend = RecordingBackend(llamacpp_target)
     sessions = _sessions(backend, "abcp")
     long_prompt = [(7 * i) % 300 + 1 for i in range(300)]
@@ -622,6 +629,31 @@ def test_a_prompts_pieces_are_charged_by_their_cost_so_they_come_every_few_passe
     assert len(pieces) >= 4 and max(pieces) <= 80, pieces  # in pieces of about 60
     gaps = [later - earlier for earlier, later in zip(p_passes, p_passes[1:])]
     assert max(gaps) <= 4, (p_passes, pieces)  # a piece every other pass or so, while the streams go on
+
+
+@pytest.mark.parametrize("prompt_tokens, whole", [(80, True), (130, False)])
+def test_a_prompt_of_about_one_piece_goes_whole_not_a_piece_and_a_tail(llamacpp_target, prompt_tokens, whole):
+    """While three streams go on, an 80-token prompt (a piece and a third, on a curve whose piece is about
+    60) goes whole in one pass: cut, its 20-token tail waited a turn of its own, and its first token two
+    passes more. One of 130 still goes in pieces."""
+    backend = RecordingBackend(llamacpp_target)
+    sessions = _sessions(backend, "abcp")
+    made: dict[str, list[int]] = {name: [] for name in "abcp"}
+    queue = DeviceQueue("whole-test", costs=_gpu_like_curve())
+    stream = partial(_stream, sessions, queue, made)
+
+    async def main() -> None:
+        streaming = [asyncio.ensure_future(stream(name, [5, 6, 7 + i], 40)) for i, name in enumerate("abc")]
+        while min(len(made[name]) for name in "abc") < 3:
+            await asyncio.sleep(0.001)
+        await stream("p", [(7 * i) % 300 + 1 for i in range(prompt_tokens)], 2)
+        await asyncio.gather(*streaming)
+
+    _, pieces = _run_and_find_pieces(main, queue, sessions, backend, "p")
+    if whole:
+        assert pieces[0] == prompt_tokens, pieces
+    else:
+        assert pieces[0] <= 80, pieces  # a piece of about 60
 
 
 def test_a_deep_prefills_later_pieces_are_sized_by_their_own_time():
