@@ -24,7 +24,7 @@ takes ALONE_PIECE_S where a batch takes longer (a CPU: a newcomer waits for it).
 UNCUT_TOKENS or fewer (a new reply's short prompt) is never cut, nor one of at most a piece and a half
 (WHOLE_PIECES): cut, its tail waited a turn of its own, two passes more for its first token (the emulated
 7B at 64 users: a prompt of 115 tokens went as 108 and 7; taken whole, the first token's p99 at the
-service fell from 143 to 64 ms server-only, from 214 to 103 ms in the default mode). And a round goes before a piece
+client fell from 0.101 to 0.082 s server-only, from 0.157 to 0.106 s in the default mode). And a round goes before a piece
 that is due by charge, once (ROUND_PASSES_BEFORE_A_PIECE), so a round waits behind the one piece
 running at most, never behind a whole prefill nor a piece of every prefilling session (by charge
 alone, four clients thrashing 4,095-token Syncs made an honest round wait 56 to 100 ms in the
