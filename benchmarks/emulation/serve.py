@@ -22,8 +22,7 @@ from pathlib import Path
 from benchmarks.emulation.profiles import load_target_profile
 from benchmarks.emulation.recording import DEFAULT_RECORDING, Recording
 from benchmarks.emulation.target import EmulatedTarget, ReplayTarget
-from remote_verify.pass_ledger import FIRST_TOKEN_ROOM
-from wire.limits import BATCH_TOKENS, ServiceLimits
+from wire.limits import BATCH_TOKENS, FIRST_TOKEN_ROOM, ServiceLimits
 
 
 def emulated_backend(profile: str, replay: Path | None, target: Path | None, time_scale: float,
