@@ -2,7 +2,8 @@
 
     .venv/bin/python -m benchmarks.load --emulate PROFILE [--drafter laptop-gpu-0.5b] [--rtt-ms 14]
         [--users 1,4,16,32,64] [--modes default,chain,server] [--kinds code,chat,prose,repeat] [--max-tokens 96]
-        [--seconds 3] [--time-scale F] [--reply-every S | --think S] [--json FILE]
+        [--seconds 3] [--time-scale F] [--reply-every S | --think S] [--warm-up S] [--client-processes N]
+        [--json FILE]
     .venv/bin/python -m benchmarks.load --emulate list      # the profiles, one a line
 
 The service is the product's (remote_verify/server.py, its scheduler sharing passes between
@@ -11,9 +12,11 @@ sessions) on an emulated target: the default pair's recorded decisions (greedy; 
 for the time the target profile gives a pass of its shape (benchmarks/emulation/). Each user is
 a real client in its own thread with its own connection through the latency proxy (`--rtt-ms`),
 in the mode named, with an emulated drafter (the drafter profile; the real drafter's recorded
-guesses). The users arrive spread over the first half of a warm-up (a fifth of `--seconds`,
-before the measured window; started in one instant, server-only users, all equally fast, stayed
-in step, every prompt arriving with every other's), and each makes replies of `--max-tokens`
+guesses). Past 64 users they run in worker processes of at most 64 each (`--client-processes`;
+benchmarks/client_processes.py): hundreds of clients in one interpreter waited for it, and measured
+their own waiting. The users arrive spread over the first half of a warm-up (a fifth of `--seconds`
+unless `--warm-up` says, before the measured window; started in one instant, server-only users, all
+equally fast, stayed in step, every prompt arriving with every other's), and each makes replies of `--max-tokens`
 tokens, prompt after prompt from its own place in the set, for `--seconds` (emulated); every
 reply finished is checked against the target's recorded path.
 
@@ -43,8 +46,9 @@ the first token at p50 and p99 over the replies started in it (not the first wav
 user's prompt read at once; their count beside them), how many users got 20 tokens/s
 or more, the target's passes per token and tokens per pass, the guesses (tree nodes) a pass
 verified, the acceptance by depth, the tree width each user's controller chose, the device's utilization (its time in passes over the
-window: what is not is this machine's own overhead between passes), and the replies that
-differ from the target's path. Beside server-only's, each mode's figures are also read on the same
+window: what is not is this machine's own overhead between passes), how late the clients' own
+threads woke (the client lag, p99, over the time scale: emulated time the clients added to what they
+measured; benchmarks/client_lag.py), and the replies that differ from the target's path. Beside server-only's, each mode's figures are also read on the same
 replies (the same prompts, so the same text): the speed over replies both finished (`same_replies`),
 the first token's p99 over replies both began (`same_first_tokens`), and the slowest user's speed over
 replies both finished but the first wave (`same_slowest`): under a closed loop the window's slowest user is
@@ -68,9 +72,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from app.latency_proxy import LatencyProxy
+from benchmarks.client_lag import ClientLag
+from benchmarks.client_processes import auto_processes, run_in_processes
+from benchmarks.emulated_users import Users, UserSetup
 from benchmarks.emulation.drafter import EmulatedDraft
 from benchmarks.emulation.profiles import load_drafter_profile, load_target_profile, profile_names
-from benchmarks.emulation.recording import DEFAULT_RECORDING, Recording, thinned
+from benchmarks.emulation.recording import DEFAULT_RECORDING
 from benchmarks import service_level
 from benchmarks.service_level import percentile
 from benchmarks.emulation.serve import start_emulated_service
@@ -165,10 +172,14 @@ class WaveRecord:
     pace_s: float = 0.0  # --reply-every (emulated s; 0: a user asks its next prompt when a reply ends)
     think_s: float = 0.0  # --think (emulated s, the mean wait between a reply's end and the next prompt)
     sampling: str = "greedy"  # the recording's: "greedy", or its temperature, top-k, top-p and seed
-
-
-def prompt_set(recording: Recording, kinds: list[str]) -> list:
-    return [entry for entry in recording.entries if entry.kind in kinds]
+    # the users' processes (1: the benchmark's own), and how late their threads woke in the window, at p50,
+    # p99 and at worst, over the time scale (emulated ms: time the clients, not the service, added to what
+    # they measured; benchmarks/client_lag.py). The worst is what cuts links: a pong that waits 3 s (wall)
+    client_processes: int = 1
+    client_lag_p50_ms: float = 0.0
+    client_lag_p99_ms: float = 0.0
+    client_lag_max_ms: float = 0.0
+    warm_up_s: float = 0.0  # emulated seconds from the users' start to the window
 
 
 def _generator(mode: str, draft: EmulatedDraft, client, params: SamplingParams, seed: int | None = None):
@@ -190,7 +201,7 @@ def _generator(mode: str, draft: EmulatedDraft, client, params: SamplingParams, 
     raise ValueError(f"unknown mode {mode!r}: choose one of {', '.join(MODES)}")
 
 
-def _user(index: int, mode: str, url: str, draft: EmulatedDraft, entries: list, max_tokens: int,
+def run_user(index: int, mode: str, url: str, draft: EmulatedDraft, entries: list, max_tokens: int,
           start: threading.Barrier, window: list[float], record: UserRecord, stagger_s: float = 0.0,
           pace_s: float = 0.0, think_s: float = 0.0) -> None:
     from local_draft.verify_client import VerifyClient
@@ -243,8 +254,8 @@ def _user(index: int, mode: str, url: str, draft: EmulatedDraft, entries: list, 
             client.close()
 
 
-class _Count(logging.Handler):
-    """Counts the records logged to it."""
+class WatchCuts(logging.Handler):
+    """Counts, while in its `with`, the links the clients' ping watch cut as stalled (its warnings)."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -253,37 +264,53 @@ class _Count(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         self.count += 1
 
+    def __enter__(self) -> "WatchCuts":
+        logging.getLogger("local_draft.ping_watch").addHandler(self)
+        return self
 
-def run_wave(url: str, mode: str, users: int, drafts: list[EmulatedDraft], entries: list, max_tokens: int,
-             seconds: float, busy_seconds, pace_s: float = 0.0,
-             think_s: float = 0.0) -> tuple[list[UserRecord], tuple[float, float], float, int]:
+    def __exit__(self, *exc) -> None:
+        logging.getLogger("local_draft.ping_watch").removeHandler(self)
+
+
+def run_wave(url: str, mode: str, users: int, made: Users, max_tokens: int, seconds: float, busy_seconds,
+             pace_s: float = 0.0, think_s: float = 0.0, processes: int = 1,
+             warm_up_s: float | None = None) -> tuple[list[UserRecord], tuple[float, float], float, int, list[float]]:
     """Every user generating for `seconds` (wall), a reply every `pace_s` (wall; 0: one after another, with
-    a wait of `think_s` on average between them);
-    returns their records, the window, the device's busy seconds in it and the links the clients' ping
-    watch cut."""
-    cuts = _Count()
-    watch_log = logging.getLogger("local_draft.ping_watch")
-    watch_log.addHandler(cuts)
-    try:
-        records, window, busy = _run_wave(url, mode, users, drafts, entries, max_tokens, seconds, busy_seconds, pace_s,
-                                          think_s)
-    finally:
-        watch_log.removeHandler(cuts)
-    return records, window, busy, cuts.count
+    a wait of `think_s` on average between them), in this process or split over `processes` worker processes
+    (benchmarks/client_processes.py), after a warm-up of `warm_up_s` (wall; None: a fifth of `seconds`, or a
+    pace if longer); returns their records, the window, the device's busy seconds in it, the links the
+    clients' ping watch cut and how late the clients' threads woke in the window (s)."""
+    # paced, users arrive spread over one pace (spread over less, every pace brings them back in a herd: the
+    # emulated 32B's 64 prompts in two seconds of every ten), and all have begun by the window
+    warm_up = warm_up_of(seconds, pace_s, warm_up_s)
+    spread = pace_s or warm_up / 2
+    if processes > 1:
+        return run_in_processes(url, mode, users, made.setup, max_tokens, seconds, warm_up, spread, busy_seconds,
+                                pace_s, think_s, processes)
+    with WatchCuts() as cuts:
+        lag = ClientLag().start()
+        try:
+            records, window, busy = _run_wave(url, mode, users, made, max_tokens, seconds, warm_up, spread,
+                                              busy_seconds, pace_s, think_s)
+        finally:
+            lag.stop()
+    return records, window, busy, cuts.count, lag.within(*window)
 
 
-def _run_wave(url: str, mode: str, users: int, drafts: list[EmulatedDraft], entries: list, max_tokens: int,
-              seconds: float, busy_seconds, pace_s: float,
+def warm_up_of(seconds: float, pace_s: float, warm_up_s: float | None) -> float:
+    """The time from the users' start to the window: `warm_up_s`, or a fifth of `seconds`; at least a pace."""
+    return max(seconds / 5 if warm_up_s is None else warm_up_s, pace_s)
+
+
+def _run_wave(url: str, mode: str, users: int, made: Users, max_tokens: int, seconds: float, warm_up: float,
+              spread: float, busy_seconds, pace_s: float,
               think_s: float = 0.0) -> tuple[list[UserRecord], tuple[float, float], float]:
     records = [UserRecord() for _ in range(users)]
     start = threading.Barrier(users + 1)
     window = [0.0, float("inf")]
-    # paced, users arrive spread over one pace (spread over less, every pace brings them back in a herd: the
-    # emulated 32B's 64 prompts in two seconds of every ten), and all have begun by the window
-    warm_up = max(seconds / 5, pace_s)
-    spread = pace_s or warm_up / 2
-    threads = [threading.Thread(target=_user, args=(i, mode, url, drafts[i], entries, max_tokens, start, window,
-                                                    records[i], spread * i / users, pace_s, think_s), daemon=True)
+    threads = [threading.Thread(target=run_user, args=(i, mode, url, made.draft(), made.entries, max_tokens, start,
+                                                       window, records[i], spread * i / users, pace_s, think_s),
+                                daemon=True)
                for i in range(users)]
     for thread in threads:
         thread.start()
@@ -303,7 +330,8 @@ def _run_wave(url: str, mode: str, users: int, drafts: list[EmulatedDraft], entr
 
 
 def summarize(records: list[UserRecord], window: tuple[float, float], busy_s: float, users: int, mode: str,
-              rtt_ms: float, emulated: str, time_scale: float, pace_s: float = 0.0) -> WaveRecord:
+              rtt_ms: float, emulated: str, time_scale: float, pace_s: float = 0.0,
+              lateness: list[float] = ()) -> WaveRecord:
     seconds = window[1] - window[0]
     rates = [r.tokens_in(*window) / seconds * time_scale for r in records]
     firsts = [s / time_scale for r in records for s in r.first_token_s]
@@ -329,7 +357,10 @@ def summarize(records: list[UserRecord], window: tuple[float, float], busy_s: fl
         replies=[(user, k, round(wall, 4), tokens) for user, r in enumerate(records) for k, wall, tokens in r.replies],
         first_token_by_reply=[(user, k, round(s / time_scale, 5)) for user, r in enumerate(records)
                               for k, s in zip(r.first_token_replies, r.first_token_s)],
-        reply_rates=sorted(round(rate, 2) for rate in reply_rates), pace_s=pace_s)
+        reply_rates=sorted(round(rate, 2) for rate in reply_rates), pace_s=pace_s,
+        client_lag_p50_ms=percentile(list(lateness), 50) * 1000 / time_scale,
+        client_lag_p99_ms=percentile(list(lateness), 99) * 1000 / time_scale,
+        client_lag_max_ms=max(lateness, default=0.0) * 1000 / time_scale)
 
 
 def same_replies(a: WaveRecord, b: WaveRecord) -> tuple[float, int] | None:
@@ -390,14 +421,16 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
                  on_record=None, thin_acceptance: float | None = None, level=None,
                  on_served=None, fair: bool = True, batch_tokens: int | None = None,
                  pace_s: float = 0.0, think_s: float = 0.0,
-                 first_token_room: float | None = None) -> list[WaveRecord]:
+                 first_token_room: float | None = None, processes: int | None = None,
+                 warm_up_s: float | None = None) -> list[WaveRecord]:
     """Every (round trip, users, mode) wave; `vocab_path`: the GGUF of the recording's vocabulary
     (default: the default pair's draft). With `level` (a service_level.ServiceLevel), instead, per
     round trip and mode, the users served at that level, by a search over user counts from the
     first of `user_counts` up to its last (`on_served(rtt, mode, users)` is told each). `pace_s`: a user's
     replies begin that many emulated seconds apart (0: each when the last ends, after a wait of `think_s` on
-    average). `first_token_room`: the service's --first-token-room (None: its default)."""
-    from local_draft.draft_model import DraftModel
+    average). `first_token_room`: the service's --first-token-room (None: its default). `processes`: the worker
+    processes the users run in (None: benchmarks/client_processes.py `auto_processes`). `warm_up_s`: emulated
+    seconds before each window (None: a fifth of `seconds`, at least a pace)."""
     from local_draft.verify_client import PING_TIMEOUT_S
     from models.registry import file_path, get_pair
 
@@ -408,18 +441,12 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
                              f"({PING_TIMEOUT_S:g} s: every link would be cut as stalled); lower --time-scale "
                              f"below {PING_TIMEOUT_S / 2 / (rtt / 1000):g}")
     load_target_profile(target_profile)  # a wrong name fails here, before anything starts
-    drafter = load_drafter_profile(drafter_profile)
-    recording = Recording.load(recording_path)
-    entries = prompt_set(recording, kinds)
-    # the drafters' guesses, thinned to a small drafter's acceptance against a large target (the target's
-    # paths, which the service replays, are the same)
-    guessed = recording if thin_acceptance is None else thinned(recording, thin_acceptance)
+    load_drafter_profile(drafter_profile)
     pair = get_pair()
     vocab_path = vocab_path or file_path(pair, pair.draft)
-    vocab = DraftModel(vocab_path, vocab_only=True)  # one vocabulary for every user
-    # its fingerprint and end tokens read once, here: every user's thread asks for them at its start, and
-    # 128 threads reading 151,936 token texts at once each (nothing cached yet) held a wave's start for minutes
-    vocab.vocab_fingerprint, vocab.end_ids
+    setup = UserSetup(drafter_profile, recording_path, vocab_path, tuple(kinds), time_scale, thin_acceptance)
+    made = setup.load()
+    recording = made.recording
     service, url = start_emulated_service(target_profile, "--replay", str(recording_path), "--vocab", str(vocab_path),
                                           "--time-scale", str(time_scale), "--max-sessions", str(max(user_counts)),
                                           "--fair-passes" if fair else "--no-fair-passes",
@@ -434,17 +461,20 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
             proxy.start_in_thread()
 
             def probe(users: int, mode: str) -> WaveRecord:
-                drafts = [EmulatedDraft(vocab, drafter, guessed, time_scale) for _ in range(users)]
-                records, window, busy, cut = run_wave(proxy.url, mode, users, drafts, entries, max_tokens,
-                                                      seconds * time_scale, lambda: _metric(url, BUSY),
-                                                      pace_s * time_scale, think_s * time_scale)
+                workers = processes or auto_processes(users)
+                records, window, busy, cut, lateness = run_wave(
+                    proxy.url, mode, users, made, max_tokens, seconds * time_scale, lambda: _metric(url, BUSY),
+                    pace_s * time_scale, think_s * time_scale, workers,
+                    None if warm_up_s is None else warm_up_s * time_scale)
                 label = target_profile if mode == "server" else f"{target_profile} + {drafter_profile}"
                 if not fair and mode != "server":
                     label += " (unfair passes)"
                 if thin_acceptance is not None and mode != "server":
                     label += f" (guesses thinned to {thin_acceptance:g})"
                 label = f"{label} (what-if)" if what_if else label
-                record = summarize(records, window, busy, users, mode, rtt, label, time_scale, pace_s)
+                record = summarize(records, window, busy, users, mode, rtt, label, time_scale, pace_s, lateness)
+                record.client_processes = workers
+                record.warm_up_s = warm_up_of(seconds, pace_s, warm_up_s)
                 record.sampling, record.think_s = recording.sampling_said, think_s
                 record.links_cut = cut
                 if cut:
@@ -500,15 +530,15 @@ def print_records(records: list[WaveRecord]) -> None:
           "and aggregate; first token in s")
     print("| emulated | rtt ms | users | mode | aggregate tok/s | user p50 | user p99 (slowest) | first token p50 / p99 s "
           "(replies) | users >= 20 tok/s | passes/token | tokens/pass | nodes/pass | acceptance | by depth 1-4 | width "
-          "| device busy | differing |")
-    print("|---" * 17 + "|")
+          "| device busy | client lag p99 / max ms (processes) | differing |")
+    print("|---" * 18 + "|")
     for r in records:
         depths = " / ".join(f"{a:.2f}" for a in r.acceptance_by_depth[:4])
         width = "-" if r.mode == "server" else ",".join(str(w) for w in sorted(set(r.widths)))
         print(f"| {r.emulated} | {r.rtt_ms:g} | {r.users} | {r.mode} | {r.aggregate_tok_s:.1f} | {r.user_p50_tok_s:.1f} | "
               f"{r.user_p99_tok_s:.1f} | {r.first_token_p50_s:.3f} / {r.first_token_p99_s:.3f} ({r.first_tokens}) | {r.users_at_20_tok_s} | "
               f"{r.passes_per_token:.2f} | {r.tokens_per_pass:.2f} | {r.nodes_per_pass:.1f} | {r.acceptance:.2f} | "
-              f"{depths} | {width} | {r.utilization:.0%} | {r.differing} |")
+              f"{depths} | {width} | {r.utilization:.0%} | {r.client_lag_p99_ms:.2f} / {r.client_lag_max_ms:.1f} ({r.client_processes}) | {r.differing} |")
     by_key = {(r.rtt_ms, r.users, r.mode): r for r in records}
     for (rtt, users, mode), r in by_key.items():
         server = by_key.get((rtt, users, "server"))
@@ -596,6 +626,15 @@ def add_arguments(parser) -> None:
                        "the spacing they arrived with, and each prompt arrives alone")
     group.add_argument("--time-scale", type=float, default=1.0,
                        help="with --emulate: every emulated duration this many times longer, rates reported back")
+    group.add_argument("--warm-up", type=float, metavar="S",
+                       help="with --emulate: emulated seconds from the users' start to the measured window "
+                       "(default: a fifth of --seconds, and at least --reply-every). The service learns a paced "
+                       "user's schedule from its third reply: a window that opens sooner measures that learning, "
+                       "not the steady state a service runs in")
+    group.add_argument("--client-processes", type=int, metavar="N",
+                       help="with --emulate: the processes the users run in (default: the benchmark's own up to "
+                       "64 users, else one for every 64): hundreds of clients in one process wait for its "
+                       "interpreter, and the table's client lag says how long")
 
 
 def main_emulated(args) -> None:
@@ -607,6 +646,11 @@ def main_emulated(args) -> None:
         raise SystemExit("--think is the mean emulated seconds a user waits between a reply and its next prompt, 0 or "
                          f"more, and paced users (--reply-every) have their own times; got --think {args.think:g}"
                          f"{f' with --reply-every {args.reply_every:g}' if args.reply_every else ''}")
+    if args.warm_up is not None and not args.warm_up >= 0:
+        raise SystemExit(f"--warm-up is emulated seconds before the measured window, 0 or more; got {args.warm_up:g}")
+    if args.client_processes is not None and args.client_processes < 1:
+        raise SystemExit(f"--client-processes is how many processes the users run in, 1 or more; got "
+                         f"{args.client_processes}")
     if args.reply_every < 0:
         raise SystemExit(f"--reply-every is the emulated seconds between a user's replies, 0 or more; got {args.reply_every:g}")
     if not 0 <= args.level_users <= 100:
@@ -628,7 +672,8 @@ def main_emulated(args) -> None:
                            thin_acceptance=args.thin_acceptance, level=level,
                            on_served=lambda rtt, mode, n: served.append((rtt, mode, n)), fair=args.fair_passes,
                            batch_tokens=args.batch_tokens, pace_s=args.reply_every, think_s=args.think,
-                           first_token_room=args.first_token_room)
+                           first_token_room=args.first_token_room, processes=args.client_processes,
+                           warm_up_s=args.warm_up)
     print_records(records)
     if level is not None:
         print_served(args.emulate, served, level, users[-1], args.reply_every)

@@ -64,7 +64,8 @@ much more than the plain pass (every member's own tokens, no guesses) the pass m
 member's ledger of gains against a plain stream (remote_verify/pass_ledger.py); guesses fill only
 that, so no member pays for another's guesses beyond a small deficit. The plain pass holds the streams
 server-only would run under the same users: the members, and where users read between replies, the
-further streams its longer replies would keep open (remote_verify/plain_load.py). While a prompt is read in
+further streams its longer replies would keep open (remote_verify/plain_load.py), each priced as a member of
+the pass costs, its sequence's own work and not its token alone. While a prompt is read in
 pieces (in the pass, or waiting for its next) no room exceeds PREFILL_ROOM: every pass until its first token
 delays it, those between its pieces too. Whether on or off, a reply's
 first token is never left out of a pass for guesses: members are fitted by the tokens they must feed.
@@ -675,19 +676,40 @@ class DeviceQueue:
         del items, members, item, planned, error, results, result, value, forward_s, ratio, costs, starting_of
 
     def _plain_s(self, items: list[_Item], mandatory: int, costs: PassCosts) -> float | None:
-        """The plain pass: the members' own tokens, and a token for each further stream server-only would run
-        under these users (remote_verify/plain_load.py), priced along this pass's curve (by tokens alone: an
-        extra stream's own cache is left out, which errs towards the plain streams)."""
+        """The plain pass: the members' own tokens, and each further stream server-only would run under these
+        users (remote_verify/plain_load.py), priced as a member of this pass costs (`_stream_s`)."""
         members = len(items)
+        members_s = costs.seconds(mandatory)
+        stream_s = self._stream_s(mandatory, members_s)
 
         def plain_pass_s(streams: int) -> float | None:
-            return costs.seconds(mandatory + max(0, streams - members))
+            extra = max(0, streams - members)
+            by_tokens = costs.seconds(mandatory + extra)
+            if members_s is None or by_tokens is None:
+                return by_tokens
+            return max(by_tokens, members_s + extra * stream_s)
 
         if self._streams_counted_at is None or self.passes - self._streams_counted_at >= PLAIN_LOAD_PASSES:
             self.plain_streams = self.plain_load.streams({item.session for item in items}, plain_pass_s,
                                                          time.perf_counter())
             self._streams_counted_at = self.passes
         return plain_pass_s(round(max(self.plain_streams, members)))
+
+    def _stream_s(self, mandatory: int, members_s: float | None) -> float:
+        """What one more plain stream adds to a pass: what this pass's members' tokens cost beyond a pass of one
+        token (c(1), a lone stream's), a token's share of it. Priced along the curve by its token alone (as it
+        was), a stream left out its own sequence's work (sampling, attention over its cache): by the emulated 70B's
+        profile, 0.09 ms where a stream of a few hundred tokens' cache costs 0.18, so that where server-only would
+        run a sixth more streams than a pass's members the plain pass was priced half as far above the members'
+        own as it is. Over the members' tokens, not their
+        number: a prompt's tokens cost less than a stream's each, so a pass that reads one prices a stream
+        lower (towards the plain streams, as every estimate here errs)."""
+        alone_s = self.costs.seconds(1)
+        if members_s is None or alone_s is None or mandatory <= 1:
+            return 0.0
+        # never more than the members' whole pass a token: a c(1) timed on a quieter device than the members'
+        # pass (a CPU's calibration, its neighbours busy since) would price every stream dearer than any is
+        return max(0.0, min((members_s - alone_s) / (mandatory - 1), members_s / mandatory))
 
     def _time_pieces(self, members: list[tuple[_Item, Planned]], forward_s: float) -> None:
         """Keep what a pass of rounds takes, and what each prefill piece in this pass took."""

@@ -244,6 +244,31 @@ def test_the_capacity_benchmark_writes_labelled_records(tiny, tiny_recording, tm
     assert listed.stdout.split() == profile_names()
 
 
+def test_users_split_over_worker_processes_finish_the_recorded_paths(tiny, tiny_recording, tmp_path):
+    """`--client-processes 2`: three users dealt to two worker processes, each its own interpreter, all
+    finish replies along the recorded path, every user's record comes back, and the record says how many
+    processes ran them and how late their threads woke (the processes' own watch)."""
+    out = tmp_path / "processes.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.load", "--emulate", "a100-qwen2.5-1.5b", "--users", "3", "--rtt-ms", "14",
+         "--modes", "default", "--kinds", "code,prose", "--max-tokens", "16", "--seconds", "1", "--warm-up", "0.5",
+         "--client-processes", "2", "--recording", str(tiny_recording), "--vocab", str(tiny.draft),
+         "--json", str(out)], capture_output=True, text=True, cwd=REPO, timeout=600,
+        env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode == 0, done.stderr[-2000:]
+    [record] = json.loads(out.read_text())
+    assert record["errors"] == [] and record["differing"] == 0, record
+    assert record["client_processes"] == 2 and record["warm_up_s"] == 0.5
+    assert len(record["user_rates"]) == 3 and min(record["user_rates"]) > 0, record["user_rates"]
+    assert {user for user, _, _, _ in record["replies"]} == {0, 1, 2}
+    assert record["client_lag_max_ms"] >= record["client_lag_p99_ms"] > 0  # a sleep always wakes a little late
+    for flags, said in ((["--client-processes", "0"], "--client-processes is how many processes"),
+                        (["--warm-up", "-1"], "--warm-up is emulated seconds")):
+        refused = subprocess.run([sys.executable, "-m", "benchmarks.load", "--emulate", "a100-qwen2.5-1.5b", *flags],
+                                 capture_output=True, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
+        assert refused.returncode != 0 and said in refused.stderr, refused.stderr
+
+
 def test_paced_users_begin_a_reply_every_so_often_and_their_speed_over_replies_is_reported(tiny, tiny_recording,
                                                                                           tmp_path):
     """`--reply-every 0.5`: a user's replies of 8 tokens (a few dozen ms each here; without it, a dozen or

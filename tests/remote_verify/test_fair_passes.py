@@ -226,3 +226,26 @@ def test_guesses_may_cost_what_server_only_passes_would_under_users_who_read(bac
     assert costs.seconds(fed) <= (1 + SLACK_TOKENS) * costs.seconds(mandatory + 80) + 1e-9
     fed_alone, mandatory = one_shared_pass(backend, fair=True, other="plain", behind=False)
     assert fed_alone < mandatory + 12
+
+
+def test_a_stream_server_only_would_add_is_priced_as_a_member_costs_not_as_a_token(backend, monkeypatch):
+    """A GPU-like device where each member's own sequence costs as much as its token (a lone token's pass
+    20 ms, two members' 40 ms, each further token 10 ms), four users who read between replies, none in
+    this pass, and a plain member just behind its plain stream: the plain pass holds the streams server-only
+    would add, each priced as this pass's members cost (20 ms), and the guesser's chain may take what that
+    allows. Priced by its token alone (planted: the stream's price 0, as it was), the plain pass is 10 ms a
+    stream cheaper and the chain gets fewer guesses."""
+
+    def gpu_like() -> PassCosts:
+        costs = PassCosts()
+        costs.observe(1, 0.020, members=1)
+        for n in (2, 4, 8, 16, 32):
+            costs.observe(n, (20 + 10 * n) / 1000, members=2)
+        return costs
+
+    fed, mandatory = one_shared_pass(backend, fair=True, other="plain", behind=True, behind_passes=1,
+                                     costs=gpu_like(), readers=4)
+    monkeypatch.setattr(DeviceQueue, "_stream_s", lambda self, mandatory, members_s: 0.0)
+    fed_planted, _ = one_shared_pass(backend, fair=True, other="plain", behind=True, behind_passes=1,
+                                     costs=gpu_like(), readers=4)
+    assert mandatory < fed_planted < fed <= mandatory + 12, (fed_planted, fed, mandatory)
