@@ -24,7 +24,7 @@ import time
 from typing import Callable
 
 from benchmarks.client_lag import ClientLag
-from benchmarks.emulated_users import UserSetup
+from benchmarks.emulated_users import UserRecord, UserSetup, WatchCuts, run_user
 
 USERS_PER_PROCESS = 64  # a wave of more users runs them in worker processes of at most this many
 READY_TIMEOUT_S = 600.0  # a worker's users connected and waiting (a few hundred handshakes on two cores)
@@ -85,8 +85,6 @@ def run_in_processes(url: str, mode: str, users: int, setup: UserSetup, max_toke
 def _worker(pipe, setup: UserSetup, url: str, mode: str, indices: list[int], users: int, max_tokens: int,
             spread: float, pace_s: float, think_s: float) -> None:
     """One worker: its users connect, wait for the parent's start, generate until the window ends."""
-    from benchmarks.capacity import UserRecord, WatchCuts, run_user
-
     with WatchCuts() as cuts:
         made = setup.load()
         records = [UserRecord() for _ in indices]
