@@ -23,6 +23,22 @@ every other member's room and within its own room plus what its own guesses expe
 -SLACK_TOKENS, so it loses at most ALLOWANCE + (1 - MEMORY) x SLACK_TOKENS tokens a pass against
 a plain stream: 3%.
 
+Under users who leave the passes between replies (on a schedule, or reading a while), a kept guess does
+more than commit a token: it ends its reply a pass sooner, and its user is out of the passes that much
+sooner, a stream's place freed in a later pass (all of it for a user on a schedule; for one who asks a
+while after each reply, its gap's share of its cycle: remote_verify/plain_load.py `freed`). Each ledger
+counts the pass's cost less what its kept guesses free (never below the pass without its guesses), and
+the rooms are checked the same way: the 3% above then holds of the passes as credited, a member paying
+more in a pass and paid back in the later passes its guesses emptied. Judged by the pass alone, the ledger held the emulated 70B target at
+288 users asking every 6 s in a state it could not leave: replies long, nearly every user in every pass,
+the plain pass barely above the members' own, and a member in a stretch of prose bounding every pass to
+the plain one, so that guesses stopped and replies stayed long (the median user over its replies 22.1
+tokens/s, the slowest 15.3; with the ledger off 33.0 and 19.3; with the credit 32.3 and 18.2, the users
+served at 30 tokens/s 2x server-only's: docs/results.md). Under a closed loop a
+user asks again the moment a reply ends and frees only its round trip's share of its cycle; before its
+second reply a user's habit is unknown, and nothing is credited. A first token's room is
+held against the pass as it is: its wait is now, not later.
+
 A member starting a reply (its pass feeds a prompt and makes the first token) starts even: its
 room is FIRST_TOKEN_ROOM (`specwire serve --first-token-room`), whatever its ledger from earlier replies,
 so the pass that carries a first token costs at most twice the plain pass; at 0, no guess lengthens

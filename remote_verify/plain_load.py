@@ -34,6 +34,10 @@ gap is exact; taking a scheduled user's gap would count too few streams (its gap
 under server-only) and hold guesses to a speed no plain stream has. A user whose replies take longer
 than its schedule asks the moment each ends: it is a closed loop, counted as one.
 
+The same habits say what a reply that ends a pass sooner gives the others (`freed`, the ledger's credit for
+a kept guess: pass_ledger.py): a user on a schedule is out of the passes a pass longer; one who asks a gap
+after each reply asks sooner too, and spends less of its time in replies only by its gap's share.
+
 A session seen for its first reply only counts where it is a member now; one quiet for longer than its
 usual gap counts that much more gap, and is forgotten after FORGET_CYCLES of its own cycles.
 """
@@ -126,6 +130,20 @@ class PlainLoad:
 
     def forget(self, session: Hashable) -> None:
         self._habits.pop(session, None)
+
+    def freed(self, session: Hashable) -> float:
+        """The member-passes a reply of `session` leaves to others for each pass it ends sooner, over the
+        users' time: a user on a schedule is out of the passes one pass longer (its next request keeps its
+        time), 1; a user who asks a while after each reply ends (a reader, or a closed loop's round trip)
+        asks sooner too, and is in fewer passes only by its gap's share of its cycle, G / (R + G); a user
+        whose habit is not yet known, none."""
+        habit = self._habits.get(session)
+        if habit is None or not habit.gap.count:
+            return 0.0
+        if habit.scheduled:
+            return 1.0
+        cycle = habit.reply_s + habit.gap.mean
+        return habit.gap.mean / cycle if cycle > 0 else 0.0
 
     def streams(self, members: set[Hashable], pass_s: Callable[[int], float | None], now: float) -> float:
         """Server-only's plain streams at once under the users seen, at least len(members); `pass_s(n)`: the

@@ -245,6 +245,7 @@ class DeviceQueue:
         self.ledger = PassLedger()  # each session's gain against a plain stream (fair shared passes)
         self.plain_load = PlainLoad()  # the plain streams server-only would run under these users (the ledger's)
         self.plain_streams = 0.0  # ... as last counted (every PLAIN_LOAD_PASSES passes)
+        self._pass_stream_s = 0.0  # what one more plain stream adds to the pass being planned (`_stream_s`)
         self._streams_counted_at: int | None = None  # the pass count then
         # guesses fill only what every member's ledger allows (the service sets it: ServiceConfig.fair_passes,
         # on unless `serve --no-fair-passes`); False: the pass's goodput alone (docs/results.md)
@@ -632,13 +633,27 @@ class DeviceQueue:
         if self._prefill_waiting:  # a first token waits for this pass, in it or after it: a session's first
             rooms = [min(room, PREFILL_ROOM) for room in rooms]  # token is not queued behind others' guesses
         starting_of = {id(item): starting for item, starting in zip(items, starts)}
+        # a first token waits for this pass (its own, or a prompt's pieces waiting): those rooms are held against
+        # the pass as it is, and no member's guesses are credited with what they free later
+        first = [starting or self._prefill_waiting for starting in starts]
+        # what each member's kept guess frees in later passes (remote_verify/plain_load.py `freed`), in seconds
+        credits = [0.0 if first[i] or not plain_s else self.plain_load.freed(item.session) * self._pass_stream_s
+                   for i, item in enumerate(items)]
         gains: list[float | None] = [None] * len(items)  # planned members' expected kept guesses
         for i, item in enumerate(items):
             so_far.later_tokens, so_far.later_sessions = sum(sizes[i + 1:]), len(items) - i - 1
             if plain_s:
                 so_far.plain_s, so_far.own_room = plain_s, rooms[i]
-                so_far.others_room = min([rooms[j] + gain for j, gain in enumerate(gains[:i]) if gain is not None]
-                                         + rooms[i + 1:], default=float("inf"))
+                others = [(j, rooms[j] + (gains[j] or 0.0)) for j in range(len(items))
+                          if j != i and (j > i or gains[j] is not None)]
+                so_far.others_room = min((room for j, room in others if not first[j]), default=float("inf"))
+                so_far.first_room = min((room for j, room in others if first[j]), default=float("inf"))
+                if first[i]:  # its own room is a first token's: held against the pass as it is
+                    so_far.first_room = min(so_far.first_room, rooms[i])
+                    so_far.credit_s = so_far.guess_credit_s = 0.0
+                else:
+                    so_far.credit_s = sum((gains[j] or 0.0) * credits[j] for j in range(i))
+                    so_far.guess_credit_s = credits[i]
             planned, error = _attempt(item.work.plan, so_far)
             if error is not None:  # refused before the pass: the others go on
                 self._hand_back(item, None, error, started)
@@ -646,8 +661,11 @@ class DeviceQueue:
                 members.append((item, planned))
                 so_far.add(planned.share, planned.expected)
                 gains[i] = planned.expected - 1.0
+        credit_of = {id(item): credit for item, credit in zip(items, credits)}
         items.clear()
         ratio = (costs.seconds(so_far.tokens) or plain_s) / plain_s if plain_s and members else None
+        # the pass without its guesses, relative to the plain one: no credit makes a pass cheaper than that
+        floor = (costs.seconds(mandatory) or plain_s) / plain_s if plain_s and members else None
         if members:
             self.passes += 1
             self.shared_items += len(members)
@@ -664,23 +682,31 @@ class DeviceQueue:
                 self.busy_s += forward_s
                 _keep_books(self.costs.observe, so_far.tokens, forward_s, len(members))
                 _keep_books(self._time_pieces, members, forward_s)
+                made_by: list[tuple[_Item, float]] = []
                 for (item, planned), result in zip(members, results):
                     value, error = _attempt(planned.finish, result, forward_s)
                     made = planned.made[-1] if planned.made else planned.expected
-                    if ratio is not None:  # its ledger: what it made against what the plain pass would have
-                        _keep_books(self.ledger.after_pass, item.session, made, ratio)
+                    made_by.append((item, made))
                     if self.fair:
                         _keep_books(self.plain_load.member, item.session, starting_of[id(item)], made, began, ended)
                     self._hand_back(item, value, error, started)
+                if ratio is not None:  # each ledger: what it made against what the plain pass would have, the
+                    # pass's cost less what its kept guesses free later
+                    freed_s = sum(max(0.0, made - 1.0) * credit_of.get(id(item), 0.0) for item, made in made_by)
+                    counted = max(floor, ratio - freed_s / plain_s)
+                    for item, made in made_by:
+                        _keep_books(self.ledger.after_pass, item.session, made, counted)
+                made_by.clear()
         members.clear()
         del items, members, item, planned, error, results, result, value, forward_s, ratio, costs, starting_of
+        del credit_of
 
     def _plain_s(self, items: list[_Item], mandatory: int, costs: PassCosts) -> float | None:
         """The plain pass: the members' own tokens, and each further stream server-only would run under these
         users (remote_verify/plain_load.py), priced as a member of this pass costs (`_stream_s`)."""
         members = len(items)
         members_s = costs.seconds(mandatory)
-        stream_s = self._stream_s(mandatory, members_s)
+        stream_s = self._pass_stream_s = self._stream_s(mandatory, members_s)
 
         def plain_pass_s(streams: int) -> float | None:
             extra = max(0, streams - members)

@@ -75,6 +75,15 @@ class PassSoFar:
     plain_s: float | None = None
     others_room: float = float("inf")
     own_room: float = float("inf")
+    # Members whose reply's first token this pass makes (every member, while a prompt waits to be read in
+    # pieces): their least room, against the pass's cost as it is
+    first_room: float = float("inf")
+    # Under users who leave the passes between replies, a kept guess ends its reply a pass sooner and so
+    # frees a stream's place in a later pass (remote_verify/plain_load.py `freed`): the other members' ledgers
+    # count the pass's cost less what its kept guesses free, `credit_s` for the members planned so far and
+    # `guess_credit_s` for each of this member's (0: no credit; a first token's pass never has any)
+    credit_s: float = 0.0
+    guess_credit_s: float = 0.0
     # the cost curve of passes of about this many members (remote_verify/pass_costs.py `shared`): what the
     # pass's guesses are priced by (None: the stream's own curve)
     costs: Any = None
@@ -234,9 +243,12 @@ def best_block(available: int, acceptance: float, seconds, unrun: int, so_far: P
             expected += chance
         cost = seconds(so_far.tokens + unrun + b + others)
         if b and so_far.plain_s:
-            extra = cost / so_far.plain_s - 1.0  # what every member's pass costs over the plain one
+            if cost / so_far.plain_s - 1.0 > so_far.first_room + 1e-9:
+                break  # a first token's pass, as it is: costs only grow with b
+            # what every member's pass costs over the plain one, less the later passes its kept guesses free
+            extra = (cost - so_far.credit_s - expected * so_far.guess_credit_s) / so_far.plain_s - 1.0
             if extra > so_far.others_room + 1e-9:
-                break  # costs only grow with b
+                continue  # (a longer block may free more than it costs)
             if extra > so_far.own_room + expected + 1e-9:
                 continue  # its own guesses do not pay for it yet (a longer block may)
         rate = (so_far.expected + so_far.later_sessions + 1.0 + expected) / max(cost, 1e-9)

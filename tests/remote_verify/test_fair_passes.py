@@ -17,6 +17,7 @@ import pytest
 
 from remote_verify.pass_costs import PassCosts
 from remote_verify.pass_ledger import FIRST_TOKEN_ROOM, PREFILL_ROOM, SLACK_TOKENS, PassLedger
+from remote_verify.plain_load import PlainLoad
 from remote_verify.scheduler import UNCUT_TOKENS, DeviceQueue
 from remote_verify.session import Session, SessionLimits
 from remote_verify.stream_drafts import StreamDrafts
@@ -58,7 +59,8 @@ def guessing_stream(backend, costs: PassCosts) -> tuple[Session, object]:
 
 def one_shared_pass(backend, fair: bool, other: str, behind: bool, costs: PassCosts | None = None,
                     banked: int = 0, behind_passes: int = 3, readers: int = 0,
-                    long_prompt: bool = False, first_token_room: float | None = None) -> tuple[int, int]:
+                    long_prompt: bool = False, first_token_room: float | None = None,
+                    guesser_reads: bool = False) -> tuple[int, int]:
     """(tokens the shared pass fed, the tokens its members had to feed) for the guessing stream and
     `other` ("plain": a stream one token in, no guesses; "first": a reply's prompt and first token),
     on the queue's cost curve `costs` (a compute-bound device's by default); `banked`: passes in which the
@@ -66,7 +68,8 @@ def one_shared_pass(backend, fair: bool, other: str, behind: bool, costs: PassCo
     `readers`: other users of the service, reading a second after replies of 96 tokens that took 0.1 s here
     (guesses kept), none in this pass; `long_prompt`: a third session's prompt, too long to go whole beside
     the streams, waits to be read in pieces (the pass measured is then the first, before its pieces);
-    `first_token_room`: the service's --first-token-room (None: its default)."""
+    `first_token_room`: the service's --first-token-room (None: its default); `guesser_reads`: the guesser's
+    own two replies before, of 96 tokens in 0.1 s each, a second apart (a user who leaves between replies)."""
     costs = costs if costs is not None else compute_bound()
     queue = DeviceQueue("fair-test", costs=costs)
     queue.fair = fair
@@ -89,6 +92,10 @@ def one_shared_pass(backend, fair: bool, other: str, behind: bool, costs: PassCo
         for began in (now - 1.7, now - 0.6):
             queue.plain_load.member(("reader", reader), True, 1.0, began, began + 0.01)
             queue.plain_load.member(("reader", reader), False, 95.0, began + 0.01, began + 0.1)
+    if guesser_reads:
+        for began in (now - 2.3, now - 1.2):
+            queue.plain_load.member("guesser", True, 1.0, began, began + 0.01)
+            queue.plain_load.member("guesser", False, 95.0, began + 0.01, began + 0.1)
     prompted = None  # the session whose long prompt waits (`long_prompt`)
     if long_prompt:
         prompted = Session(backend, SamplingParams(), seed=3, limits=SessionLimits())
@@ -249,3 +256,24 @@ def test_a_stream_server_only_would_add_is_priced_as_a_member_costs_not_as_a_tok
     fed_planted, _ = one_shared_pass(backend, fair=True, other="plain", behind=True, behind_passes=1,
                                      costs=gpu_like(), readers=4)
     assert mandatory < fed_planted < fed <= mandatory + 12, (fed_planted, fed, mandatory)
+
+
+def test_a_kept_guess_is_credited_with_the_place_it_frees_in_a_later_pass(backend, monkeypatch):
+    """The guesser reads a second after each reply (0.1 s here): each guess it keeps ends its reply a pass
+    sooner, and it leaves the passes that much sooner, its gap's share of its cycle (0.91) of a stream's
+    place freed for the others (remote_verify/plain_load.py `freed`): 18 ms on this GPU-like curve, more
+    than the 10 ms a guess costs. So the plain member just behind its plain stream lets the whole chain in;
+    with nothing credited (planted: `freed` 0, the ledger as it was) it lets in fewer."""
+    def gpu_like() -> PassCosts:
+        costs = PassCosts()
+        costs.observe(1, 0.020, members=1)
+        for n in (2, 4, 8, 16, 32):
+            costs.observe(n, (20 + 10 * n) / 1000, members=2)
+        return costs
+
+    fed, mandatory = one_shared_pass(backend, fair=True, other="plain", behind=True, behind_passes=1,
+                                     costs=gpu_like(), guesser_reads=True)
+    monkeypatch.setattr(PlainLoad, "freed", lambda self, session: 0.0)
+    fed_planted, _ = one_shared_pass(backend, fair=True, other="plain", behind=True, behind_passes=1,
+                                     costs=gpu_like(), guesser_reads=True)
+    assert fed == mandatory + 12 and fed_planted < fed, (fed_planted, fed, mandatory)
