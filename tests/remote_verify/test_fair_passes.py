@@ -126,6 +126,16 @@ def one_shared_pass(backend, fair: bool, other: str, behind: bool, costs: PassCo
     return backend.passes[before if long_prompt else -1], mandatory
 
 
+def member_work_curve() -> PassCosts:
+    """A GPU-like device where each member's own sequence costs as much as its token: a lone token's pass
+    20 ms, two members' 40 ms, each further token 10 ms."""
+    costs = PassCosts()
+    costs.observe(1, 0.020, members=1)
+    for n in (2, 4, 8, 16, 32):
+        costs.observe(n, (20 + 10 * n) / 1000, members=2)
+    return costs
+
+
 @pytest.fixture()
 def backend(own_llamacpp_target):
     return Recorded(own_llamacpp_target)
@@ -243,18 +253,11 @@ def test_a_stream_server_only_would_add_is_priced_as_a_member_costs_not_as_a_tok
     allows. Priced by its token alone (planted: the stream's price 0, as it was), the plain pass is 10 ms a
     stream cheaper and the chain gets fewer guesses."""
 
-    def gpu_like() -> PassCosts:
-        costs = PassCosts()
-        costs.observe(1, 0.020, members=1)
-        for n in (2, 4, 8, 16, 32):
-            costs.observe(n, (20 + 10 * n) / 1000, members=2)
-        return costs
-
     fed, mandatory = one_shared_pass(backend, fair=True, other="plain", behind=True, behind_passes=1,
-                                     costs=gpu_like(), readers=4)
+                                     costs=member_work_curve(), readers=4)
     monkeypatch.setattr(DeviceQueue, "_stream_s", lambda self, mandatory, members_s: 0.0)
     fed_planted, _ = one_shared_pass(backend, fair=True, other="plain", behind=True, behind_passes=1,
-                                     costs=gpu_like(), readers=4)
+                                     costs=member_work_curve(), readers=4)
     assert mandatory < fed_planted < fed <= mandatory + 12, (fed_planted, fed, mandatory)
 
 
@@ -264,16 +267,9 @@ def test_a_kept_guess_is_credited_with_the_place_it_frees_in_a_later_pass(backen
     place freed for the others (remote_verify/plain_load.py `freed`): 18 ms on this GPU-like curve, more
     than the 10 ms a guess costs. So the plain member just behind its plain stream lets the whole chain in;
     with nothing credited (planted: `freed` 0, the ledger as it was) it lets in fewer."""
-    def gpu_like() -> PassCosts:
-        costs = PassCosts()
-        costs.observe(1, 0.020, members=1)
-        for n in (2, 4, 8, 16, 32):
-            costs.observe(n, (20 + 10 * n) / 1000, members=2)
-        return costs
-
     fed, mandatory = one_shared_pass(backend, fair=True, other="plain", behind=True, behind_passes=1,
-                                     costs=gpu_like(), guesser_reads=True)
+                                     costs=member_work_curve(), guesser_reads=True)
     monkeypatch.setattr(PlainLoad, "freed", lambda self, session: 0.0)
     fed_planted, _ = one_shared_pass(backend, fair=True, other="plain", behind=True, behind_passes=1,
-                                     costs=gpu_like(), guesser_reads=True)
+                                     costs=member_work_curve(), guesser_reads=True)
     assert fed == mandatory + 12 and fed_planted < fed, (fed_planted, fed, mandatory)
