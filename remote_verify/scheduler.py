@@ -245,7 +245,6 @@ class DeviceQueue:
         self.ledger = PassLedger()  # each session's gain against a plain stream (fair shared passes)
         self.plain_load = PlainLoad()  # the plain streams server-only would run under these users (the ledger's)
         self.plain_streams = 0.0  # ... as last counted (every PLAIN_LOAD_PASSES passes)
-        self._pass_stream_s = 0.0  # what one more plain stream adds to the pass being planned (`_stream_s`)
         self._streams_counted_at: int | None = None  # the pass count then
         # guesses fill only what every member's ledger allows (the service sets it: ServiceConfig.fair_passes,
         # on unless `serve --no-fair-passes`); False: the pass's goodput alone (docs/results.md)
@@ -628,7 +627,8 @@ class DeviceQueue:
         costs = self.costs.shared(len(items))  # a pass of about this many members (remote_verify/pass_costs.py)
         so_far.costs = costs
         starts = [_starting(item.work) for item in items]
-        plain_s = self._plain_s(items, mandatory, costs) if self.fair and len(items) > 1 else None
+        # the plain pass, and what one more plain stream adds to it (None, 0: fairness off, or a pass of one)
+        plain_s, stream_s = self._plain_s(items, mandatory, costs) if self.fair and len(items) > 1 else (None, 0.0)
         rooms = [self.ledger.room(item.session, starting) for item, starting in zip(items, starts)]
         if self._prefill_waiting:  # a first token waits for this pass, in it or after it: a session's first
             rooms = [min(room, PREFILL_ROOM) for room in rooms]  # token is not queued behind others' guesses
@@ -637,7 +637,7 @@ class DeviceQueue:
         # the pass as it is, and no member's guesses are credited with what they free later
         first = [starting or self._prefill_waiting for starting in starts]
         # what each member's kept guess frees in later passes (remote_verify/plain_load.py `freed`), in seconds
-        credits = [0.0 if first[i] or not plain_s else self.plain_load.freed(item.session) * self._pass_stream_s
+        credits = [0.0 if first[i] or not plain_s else self.plain_load.freed(item.session) * stream_s
                    for i, item in enumerate(items)]
         gains: list[float | None] = [None] * len(items)  # planned members' expected kept guesses
         for i, item in enumerate(items):
@@ -701,12 +701,12 @@ class DeviceQueue:
         del items, members, item, planned, error, results, result, value, forward_s, ratio, costs, starting_of
         del credit_of
 
-    def _plain_s(self, items: list[_Item], mandatory: int, costs: PassCosts) -> float | None:
+    def _plain_s(self, items: list[_Item], mandatory: int, costs: PassCosts) -> tuple[float | None, float]:
         """The plain pass: the members' own tokens, and each further stream server-only would run under these
-        users (remote_verify/plain_load.py), priced as a member of this pass costs (`_stream_s`)."""
+        users (remote_verify/plain_load.py), priced as a member of this pass costs; and that price (`_stream_s`)."""
         members = len(items)
         members_s = costs.seconds(mandatory)
-        stream_s = self._pass_stream_s = self._stream_s(mandatory, members_s)
+        stream_s = self._stream_s(mandatory, members_s)
 
         def plain_pass_s(streams: int) -> float | None:
             extra = max(0, streams - members)
@@ -719,15 +719,14 @@ class DeviceQueue:
             self.plain_streams = self.plain_load.streams({item.session for item in items}, plain_pass_s,
                                                          time.perf_counter())
             self._streams_counted_at = self.passes
-        return plain_pass_s(round(max(self.plain_streams, members)))
+        return plain_pass_s(round(max(self.plain_streams, members))), stream_s
 
     def _stream_s(self, mandatory: int, members_s: float | None) -> float:
         """What one more plain stream adds to a pass: what this pass's members' tokens cost beyond a pass of one
         token (c(1), a lone stream's), a token's share of it. Priced along the curve by its token alone (as it
         was), a stream left out its own sequence's work (sampling, attention over its cache): by the emulated 70B's
-        profile, 0.09 ms where a stream of a few hundred tokens' cache costs 0.18, so that where server-only would
-        run a sixth more streams than a pass's members the plain pass was priced half as far above the members'
-        own as it is. Over the members' tokens, not their
+        profile, 0.09 ms where a stream of a few hundred tokens' cache costs 0.18, so that the plain pass was
+        priced about half as far above the members' own as it is. Over the members' tokens, not their
         number: a prompt's tokens cost less than a stream's each, so a pass that reads one prices a stream
         lower (towards the plain streams, as every estimate here errs)."""
         alone_s = self.costs.seconds(1)
