@@ -121,8 +121,10 @@ class RecordingTarget:
         return self.target.forward_many(passes)
 
 
-def shareable(recorder: RecordingTarget, cache, name: str, tokens: list[int], fail: str = "") -> Shareable:
-    """A one-row pass over `tokens` whose result is (name, argmax id); `fail` refuses it at planning."""
+def shareable(recorder: RecordingTarget, cache, name: str, tokens: list[int], fail: str = "",
+              starting: bool = False) -> Shareable:
+    """A one-row pass over `tokens` whose result is (name, argmax id); `fail` refuses it at planning;
+    `starting`: it feeds a new reply's prompt (its pass makes the reply's first token)."""
     recorder.names[id(cache)] = name
 
     def plan(so_far=None) -> Planned:
@@ -132,7 +134,7 @@ def shareable(recorder: RecordingTarget, cache, name: str, tokens: list[int], fa
         return Planned(Pass(cache, tokens, 1, argmax_only=True), lambda ids, _: (name, int(ids[0])),
                        lambda: recorder.target.truncate(cache, held))
 
-    return Shareable(recorder, plan, lambda: len(tokens))
+    return Shareable(recorder, plan, lambda: len(tokens), starting=(lambda: True) if starting else None)
 
 
 def run_held(queue: DeviceQueue, jobs: list[tuple[str, object]]) -> list:
@@ -157,7 +159,7 @@ def run_held(queue: DeviceQueue, jobs: list[tuple[str, object]]) -> list:
 @pytest.fixture()
 def recorder(llamacpp_target):
     recorder = RecordingTarget(llamacpp_target)
-    caches = {name: llamacpp_target.new_cache() for name in "abcd"}
+    caches = {name: llamacpp_target.new_cache() for name in "abcde"}
     recorder.caches = caches
     yield recorder
     for cache in caches.values():
@@ -197,6 +199,22 @@ def test_a_pass_keeps_to_its_token_budget(recorder):
             ("d", shareable(recorder, c["d"], "d", [3, 4, 5]))]
     run_held(DeviceQueue("test", batch_tokens=8, member_tokens=0), jobs)
     assert recorder.passes == [[("a", 12)], [("b", 5), ("d", 3)], [("c", 5)]]
+
+
+def test_a_new_prompt_is_not_held_out_of_a_pass_by_the_budget(recorder):
+    """batch_tokens=8: beside a round of 5, a new reply's prompt of 40 tokens (within a piece, 64 on a
+    backend that measures no prices) joins the pass, where another round of 5 waits for the next; a
+    second prompt of 40 waits too, the pass's prompts held to a piece and a half (96). Held out, a new
+    prompt's first token waited a whole pass more (the emulated 70B's closed loop: its p99's tail)."""
+    c = recorder.caches
+    jobs = [("a", shareable(recorder, c["a"], "a", [5, 6, 7, 8, 9])),
+            ("b", shareable(recorder, c["b"], "b", [5, 6, 7, 8, 9])),
+            ("c", shareable(recorder, c["c"], "c", list(range(1, 41)), starting=True)),
+            ("d", shareable(recorder, c["d"], "d", list(range(41, 81)), starting=True)),
+            ("e", shareable(recorder, c["e"], "e", list(range(81, 121)), starting=True))]
+    run_held(DeviceQueue("test", batch_tokens=8, member_tokens=0), jobs)
+    assert recorder.passes[0] == [("a", 5), ("c", 40), ("d", 40)], recorder.passes
+    assert sorted(name for members in recorder.passes[1:] for name, _ in members) == ["b", "e"], recorder.passes
 
 
 def test_a_pass_of_many_members_may_feed_its_tokens_a_member(recorder):
