@@ -76,6 +76,7 @@ from benchmarks.emulated_users import MODES, UserRecord, Users, UserSetup, Watch
 from benchmarks.emulation.profiles import load_drafter_profile, load_target_profile, profile_names
 from benchmarks.emulation.recording import DEFAULT_RECORDING
 from benchmarks import service_level
+from benchmarks.paired_resampling import percentile_ratio_interval
 from benchmarks.service_level import percentile
 from benchmarks.emulation.serve import start_emulated_service
 
@@ -249,11 +250,23 @@ def same_first_tokens(a: WaveRecord, b: WaveRecord) -> tuple[float, float, int] 
     and how many that is (None: none in common). A mode that finishes replies sooner begins more in the
     window, of prompts the other may not reach (the longest, cut into pieces on a slow target), so the
     p99 over each mode's own replies compares other prompts."""
-    firsts_b = {(user, k): s for user, k, s in b.first_token_by_reply}
-    common = [(s, firsts_b[(user, k)]) for user, k, s in a.first_token_by_reply if (user, k) in firsts_b]
+    common = _common_first_tokens(a, b)
     if not common:
         return None
     return percentile([c[0] for c in common], 99), percentile([c[1] for c in common], 99), len(common)
+
+
+def same_first_tokens_interval(a: WaveRecord, b: WaveRecord) -> tuple[float, float] | None:
+    """The range the ratio of `same_first_tokens`'s two p99s moves over by resampling those replies
+    (benchmarks/paired_resampling.py: a floor on what one run says, not all of it); None: none in common."""
+    common = _common_first_tokens(a, b)
+    return percentile_ratio_interval([c[0] for c in common], [c[1] for c in common])
+
+
+def _common_first_tokens(a: WaveRecord, b: WaveRecord) -> list[tuple[float, float]]:
+    """(a's first token, b's) of every reply both began in the window."""
+    firsts_b = {(user, k): s for user, k, s in b.first_token_by_reply}
+    return [(s, firsts_b[(user, k)]) for user, k, s in a.first_token_by_reply if (user, k) in firsts_b]
 
 
 def same_slowest(a: WaveRecord, b: WaveRecord) -> tuple[float, float, int, int] | None:
@@ -420,6 +433,8 @@ def print_records(records: list[WaveRecord]) -> None:
                   f"{r.users_at_20_tok_s} vs {server.users_at_20_tok_s}"
                   + (f", on the same {same[1]} replies x{same[0]:.2f}" if (same := same_replies(r, server)) else "")
                   + (f"; first token p99 on the same {firsts[2]} replies {firsts[0]:.3f} s against {firsts[1]:.3f}"
+                     + (f" (x{firsts[0] / firsts[1]:.2f}, {interval[0]:.2f} to {interval[1]:.2f} by resampling them)"
+                        if firsts[1] > 0 and (interval := same_first_tokens_interval(r, server)) else "")
                      if (firsts := same_first_tokens(r, server)) else "")
                   + (f"; the slowest user on the same {slow[3]} replies of {slow[2]} users {slow[0]:.1f} tok/s "
                      f"against {slow[1]:.1f} (x{slow[0] / slow[1]:.2f})"

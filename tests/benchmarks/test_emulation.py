@@ -446,7 +446,7 @@ def test_two_modes_compare_on_the_replies_both_finished():
 def test_first_tokens_compare_on_the_replies_both_began():
     """`same_first_tokens`: the first token's p99 in two modes over the (user, reply) pairs both began in
     the window: a long prompt only the faster mode reached is left out of both."""
-    from benchmarks.capacity import WaveRecord, same_first_tokens
+    from benchmarks.capacity import WaveRecord, same_first_tokens, same_first_tokens_interval
 
     def wave(mode, firsts):
         return WaveRecord(users=2, mode=mode, rtt_ms=14, emulated="x", aggregate_tok_s=0, user_p50_tok_s=0,
@@ -459,6 +459,9 @@ def test_first_tokens_compare_on_the_replies_both_began():
     p99_default, p99_server, n = same_first_tokens(default, server)
     assert n == 2 and p99_default == pytest.approx(0.05, abs=1e-3) and p99_server == pytest.approx(0.06, abs=1e-3)
     assert same_first_tokens(default, wave("server", [])) is None
+    low, high = same_first_tokens_interval(default, server)  # the two common replies resampled, (1, 2) left out
+    assert 0.04 / 0.05 - 1e-6 <= low < high <= 0.05 / 0.06 + 1e-6  # (1, 2) in it would read 0.4 / 0.06
+    assert same_first_tokens_interval(default, wave("server", [])) is None
 
 
 def test_the_slowest_user_compares_on_the_replies_both_modes_finished():
