@@ -74,6 +74,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "1 + R times the plain pass (the members' own tokens, no guesses); 0: no guess lengthens it, a "
                        "first token as soon as a plain stream's, at some throughput where replies begin in most "
                        "passes (default: %(default)s)")
+    serve.add_argument("--trace-passes", type=Path, metavar="FILE",
+                       help="write every shared pass to FILE, a JSON object a line (members, tokens, seconds, and "
+                       "each reply's first token with when its request came), added to if it exists; "
+                       "python -m benchmarks.pass_trace_report FILE says where first tokens waited")
     serve.add_argument("--max-draft", type=int, default=32, help="longest draft block per round (default: %(default)s)")
     serve.add_argument("--max-context", type=int, default=4096,
                        help="longest history per session (default: %(default)s)")
@@ -188,13 +192,19 @@ def run_serve(args: argparse.Namespace) -> int:
                         f"plain pass, 1 = twice it), got {args.first_token_room}")
     if args.batch_tokens < 0:
         raise UserError(f"--batch-tokens must be 0 (one session a pass) or more, got {args.batch_tokens}")
+    if args.trace_passes is not None:
+        try:  # opened here, before the model loads: a path that cannot be written is said at once
+            args.trace_passes.open("a").close()
+        except OSError as exc:
+            raise UserError(f"cannot write the pass trace {args.trace_passes}: {exc.strerror or exc}; give "
+                            f"--trace-passes a file in a folder that exists and can be written") from exc
     target = resolve_model(args.target, args.pair, "target")
     if not Path(target).exists():
         raise UserError(f"no target model at {target}")
     config = ServiceConfig(host=args.host, port=args.port, token=token, tls=tls,
                            limits=SessionLimits(max_draft=args.max_draft, max_context=args.max_context),
                            service_limits=limits, batch_tokens=args.batch_tokens, fair_passes=args.fair_passes,
-                           first_token_room=args.first_token_room,
+                           first_token_room=args.first_token_room, trace_passes=args.trace_passes,
                            public_metrics=args.public_metrics, device_nice=args.device_nice)
     service = VerifyService(lambda: load_backend(args.backend, target, device=args.device, threads=args.threads,
                                                  batch_threads=args.batch_threads,

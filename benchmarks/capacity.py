@@ -302,7 +302,7 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
                  on_served=None, fair: bool = True, batch_tokens: int | None = None,
                  pace_s: float = 0.0, think_s: float = 0.0,
                  first_token_room: float | None = None, processes: int | None = None,
-                 warm_up_s: float | None = None) -> list[WaveRecord]:
+                 warm_up_s: float | None = None, trace_passes: Path | None = None) -> list[WaveRecord]:
     """Every (round trip, users, mode) wave; `vocab_path`: the GGUF of the recording's vocabulary
     (default: the default pair's draft). With `level` (a service_level.ServiceLevel), instead, per
     round trip and mode, the users served at that level, by a search over user counts from the
@@ -310,7 +310,8 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
     replies begin that many emulated seconds apart (0: each when the last ends, after a wait of `think_s` on
     average). `first_token_room`: the service's --first-token-room (None: its default). `processes`: the worker
     processes the users run in (None: benchmarks/client_processes.py `auto_processes`). `warm_up_s`: emulated
-    seconds before each window (None: a fifth of `seconds`, at least a pace)."""
+    seconds before each window (None: a fifth of `seconds`, at least a pace). `trace_passes`: the service's
+    --trace-passes file (benchmarks/pass_trace_report.py reads it)."""
     from local_draft.verify_client import PING_TIMEOUT_S
     from models.registry import file_path, get_pair
 
@@ -332,7 +333,8 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
                                           "--fair-passes" if fair else "--no-fair-passes",
                                           *(("--batch-tokens", str(batch_tokens)) if batch_tokens is not None else ()),
                                           *(("--first-token-room", str(first_token_room))
-                                            if first_token_room is not None else ()))
+                                            if first_token_room is not None else ()),
+                                          *(("--trace-passes", str(trace_passes)) if trace_passes is not None else ()))
     results = []
     what_if = "what-if" in load_target_profile(target_profile).description.lower()
     try:
@@ -485,6 +487,10 @@ def add_arguments(parser) -> None:
                        "member's ledger allows); --no-fair-passes: by the pass's goodput alone")
     group.add_argument("--first-token-room", type=float, metavar="R",
                        help="with --emulate: the service's --first-token-room (default: the service's own)")
+    group.add_argument("--trace-passes", type=Path, metavar="FILE",
+                       help="with --emulate: the service writes every pass to FILE (specwire serve --trace-passes); "
+                       "python -m benchmarks.pass_trace_report FILE --time-scale F reads it (a mode a run: the file "
+                       "holds every wave's passes, warm-ups too)")
     group.add_argument("--capacity", action="store_true",
                        help="with --emulate: instead of every count in --users, the users served at the service "
                        "level per round trip and mode, searched from the first count in --users (doubling, "
@@ -555,7 +561,7 @@ def main_emulated(args) -> None:
                            on_served=lambda rtt, mode, n: served.append((rtt, mode, n)), fair=args.fair_passes,
                            batch_tokens=args.batch_tokens, pace_s=args.reply_every, think_s=args.think,
                            first_token_room=args.first_token_room, processes=args.client_processes,
-                           warm_up_s=args.warm_up)
+                           warm_up_s=args.warm_up, trace_passes=args.trace_passes)
     print_records(records)
     if level is not None:
         print_served(args.emulate, served, level, users[-1], args.reply_every)

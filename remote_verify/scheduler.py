@@ -92,6 +92,7 @@ from remote_verify.backends.target import Pass, run_passes
 from remote_verify.device_priority import lower_this_thread
 from remote_verify.pass_costs import PassCosts
 from remote_verify.pass_ledger import PREFILL_ROOM, PassLedger
+from remote_verify.pass_trace import PassTrace
 from remote_verify.plain_load import PlainLoad
 from remote_verify.stream_drafts import PassSoFar
 from wire.limits import BATCH_TOKENS, MEMBER_TOKENS
@@ -250,6 +251,8 @@ class DeviceQueue:
         self.ledger = PassLedger()  # each session's gain against a plain stream (fair shared passes)
         self.plain_load = PlainLoad()  # the plain streams server-only would run under these users (the ledger's)
         self.plain_streams = 0.0  # ... as last counted (every PLAIN_LOAD_PASSES passes)
+        self.trace: PassTrace | None = None  # every pass written down (`specwire serve --trace-passes`)
+        self._reply_arrived: dict[Hashable, float] = {}  # while tracing: when each reply's start reached the queue
         self._streams_counted_at: int | None = None  # the pass count then
         # guesses fill only what every member's ledger allows (the service sets it: ServiceConfig.fair_passes,
         # on unless `serve --no-fair-passes`); False: the pass's goodput alone (docs/results.md)
@@ -530,6 +533,7 @@ class DeviceQueue:
                 if now - seen > ACTIVE_S and other not in self._waiting:
                     del self._seen[other]
                     self._charged.pop(other, None)
+                    self._reply_arrived.pop(other, None)
                     self.ledger.forget(other)
 
     def _take(self, session: Hashable) -> _Item:
@@ -619,6 +623,8 @@ class DeviceQueue:
 
     def _run_alone(self, item: _Item) -> None:
         started = time.perf_counter()
+        if self.trace is not None and isinstance(item.work, Bookkeeping):  # a stream's start: its reply's arrival
+            self._reply_arrived[item.session] = item.arrived
         result, error = _attempt(item.work)
         self._hand_back(item, result, error, started)
         del item, result, error
@@ -674,6 +680,7 @@ class DeviceQueue:
                 so_far.add(planned.share, planned.expected)
                 gains[i] = planned.expected - 1.0
         credit_of = {id(item): credit for item, credit in zip(items, credits)}
+        first_tokens = self._first_tokens(items, sizes, starts, members) if self.trace is not None else None
         items.clear()
         ratio = (costs.seconds(so_far.tokens) or plain_s) / plain_s if plain_s and members else None
         # the pass without its guesses, relative to the plain one: no credit makes a pass cheaper than that
@@ -692,6 +699,9 @@ class DeviceQueue:
                 ended = time.perf_counter()
                 forward_s = ended - began
                 self.busy_s += forward_s
+                if first_tokens is not None:
+                    _keep_books(self.trace.shared_pass, began, forward_s, len(members), so_far.tokens, mandatory,
+                                budget, plain_s, first_tokens)
                 _keep_books(self.costs.observe, so_far.tokens, forward_s, len(members))
                 _keep_books(self._time_pieces, members, forward_s)
                 made_by: list[tuple[_Item, float]] = []
@@ -711,7 +721,16 @@ class DeviceQueue:
                 made_by.clear()
         members.clear()
         del items, members, item, planned, error, results, result, value, forward_s, ratio, costs, starting_of
-        del credit_of
+        del credit_of, first_tokens
+
+    def _first_tokens(self, items: list[_Item], sizes: list[int], starts: list[bool],
+                      members: list[tuple[_Item, Planned]]) -> list[tuple[Hashable, int, float]]:
+        """For the trace: (session, prompt tokens, when its request came) of each member whose reply's first token
+        this pass makes (its prompt whole, or its last piece)."""
+        planned = {id(item) for item, _ in members}
+        return [(item.session, size, self._reply_arrived.pop(item.session, item.arrived))
+                for item, size, starting in zip(items, sizes, starts)
+                if starting and item.rest is None and id(item) in planned]
 
     def _plain_s(self, items: list[_Item], mandatory: int, costs: PassCosts) -> tuple[float | None, float]:
         """The plain pass: the members' own tokens, and each further stream server-only would run under these

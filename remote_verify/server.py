@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 import functools
 from functools import partial
+from pathlib import Path
 from typing import Callable
 
 from websockets.asyncio.server import ServerConnection, serve
@@ -51,6 +52,7 @@ from remote_verify.logs import printable, session_log
 from remote_verify.memory import give_back_free_memory, kv_memory_problem
 from remote_verify.metrics import ServiceMetrics
 from remote_verify.pass_costs import costs_for
+from remote_verify.pass_trace import PassTrace
 from wire.protocol import (
     CLOSE_GOING_AWAY,
     CLOSE_IDLE_TIMEOUT,
@@ -103,6 +105,7 @@ class ServiceConfig:
     fair_passes: bool = True  # guesses fill a shared pass only as every member's ledger allows (pass_ledger.py)
     first_token_room: float = FIRST_TOKEN_ROOM  # how much more than the plain pass a pass making a first token may cost
     device_nice: int = 0  # the device thread's niceness over the event loop's (remote_verify/device_priority.py)
+    trace_passes: Path | None = None  # every shared pass written to this file (remote_verify/pass_trace.py)
 
 
 class TargetLoadError(RuntimeError):
@@ -131,6 +134,8 @@ class VerifyService:
         self.queue = DeviceQueue("target", config.batch_tokens, nice=config.device_nice)  # one per device
         self.queue.fair = config.fair_passes
         self.queue.ledger.first_token_room = config.first_token_room
+        if config.trace_passes is not None:
+            self.queue.trace = PassTrace(config.trace_passes)
         self.metrics.queue_depth.set_function(lambda: self.queue.depth)
         self.metrics.target_passes.set_function(lambda: self.queue.passes)
         self.metrics.pass_members.set_function(lambda: self.queue.shared_items)
@@ -185,6 +190,8 @@ class VerifyService:
         finally:
             # stopped while loading: do not wait minutes for a model nobody will use
             await loop.run_in_executor(None, partial(self.queue.shutdown, wait=self.state != "loading"))
+            if self.queue.trace is not None and self.state != "loading":  # its worker has ended: nothing writes
+                self.queue.trace.close()
             if self._claimed is not None:  # its device thread has ended: another service may serve it
                 device_owner.release(self._claimed, self._owner_name())
 

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.emulation.serve --profile a100-qwen2.5-1.5b [--replay FILE | --target GGUF]
         [--time-scale F] [--port 0] [--max-sessions 64] [--batch-tokens N] [--max-context N] [--exit-with-parent]
+        [--trace-passes FILE]
 
 Prints "listening on ws://..." once sessions are taken, as `specwire serve` does. The
 service (remote_verify/server.py) is the product's; its target is `EmulatedTarget`
@@ -64,6 +65,7 @@ def main() -> None:
                         "--fair-passes, its default)")
     parser.add_argument("--first-token-room", type=float, default=FIRST_TOKEN_ROOM,
                         help="specwire serve --first-token-room (default: %(default)s)")
+    parser.add_argument("--trace-passes", type=Path, metavar="FILE", help="specwire serve --trace-passes")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.exit_with_parent:
@@ -73,7 +75,8 @@ def main() -> None:
     backend = emulated_backend(args.profile, args.replay, args.target, args.time_scale, args.max_context, args.vocab)
     config = ServiceConfig(port=args.port, limits=SessionLimits(max_draft=args.max_draft, max_context=args.max_context),
                            service_limits=ServiceLimits(max_sessions=args.max_sessions),
-                           batch_tokens=args.batch_tokens, first_token_room=args.first_token_room)
+                           batch_tokens=args.batch_tokens, first_token_room=args.first_token_room,
+                           trace_passes=args.trace_passes)
     service = VerifyService(backend, config)
     service.queue.fair = args.fair_passes
     from prometheus_client import Gauge

@@ -38,6 +38,7 @@ def test_help_names_every_limit_with_its_default(capsys):
     (["--first-token-room", "nan"], "--first-token-room must be 0 or more"),
     (["--tls-cert", "cert.pem"], "--tls-cert and --tls-key go together"),
     (["--tls-cert", "missing.pem", "--tls-key", "missing.pem"], "cannot use the TLS certificate missing.pem"),
+    (["--trace-passes", "/no-such-folder/passes.jsonl"], "cannot write the pass trace /no-such-folder/passes.jsonl"),
 ])
 def test_bad_service_settings_are_refused_before_loading_anything(tiny, capsys, args, words):
     """Each bad setting stops `serve` with status 2 and a message naming it."""
@@ -66,6 +67,25 @@ def test_the_first_token_room_reaches_the_services_ledger(tiny, monkeypatch, fla
     monkeypatch.setattr(VerifyService, "run", read_the_room)
     assert main(["serve", "--target", str(tiny.target_gguf), "--port", "0", *flags]) == 0
     assert rooms == [room]
+
+
+def test_the_pass_trace_reaches_the_services_queue(tiny, monkeypatch, tmp_path):
+    """--trace-passes FILE: the queue `specwire serve` builds writes its passes there (opened with a first line);
+    without it, nothing is written. (The service's run is replaced by one that reads its queue: nothing is served.)"""
+    from remote_verify.server import VerifyService
+
+    traces = []
+
+    async def read_the_trace(service, announce) -> None:
+        traces.append(service.queue.trace)
+        service.queue.shutdown()
+
+    monkeypatch.setattr(VerifyService, "run", read_the_trace)
+    path = tmp_path / "passes.jsonl"
+    assert main(["serve", "--target", str(tiny.target_gguf), "--port", "0", "--trace-passes", str(path)]) == 0
+    assert main(["serve", "--target", str(tiny.target_gguf), "--port", "0"]) == 0
+    assert traces[0].path == path and traces[1] is None
+    assert '"opened"' in path.read_text()
 
 
 @pytest.mark.parametrize("flags, kernels", [([], "batch-invariant"), (["--no-batch-invariant"], "batch-shaped kernels")])

@@ -217,6 +217,30 @@ def test_a_new_prompt_is_not_held_out_of_a_pass_by_the_budget(recorder):
     assert sorted(name for members in recorder.passes[1:] for name, _ in members) == ["b", "e"], recorder.passes
 
 
+def test_the_pass_trace_holds_each_pass_and_each_first_token_with_its_arrival(recorder, tmp_path):
+    """With a trace (`specwire serve --trace-passes`), each shared pass is a line: its members, tokens (the
+    members' own), budget, and each reply's first token it made, with its prompt and when it came, before the
+    pass began; a round that starts no reply is not a first token. benchmarks/pass_trace_report.py reads it."""
+    from benchmarks.pass_trace_report import first_tokens, read
+    from remote_verify.pass_trace import PassTrace
+
+    c = recorder.caches
+    jobs = [("a", shareable(recorder, c["a"], "a", [5, 6, 7, 8, 9])),
+            ("b", shareable(recorder, c["b"], "b", [5, 6, 7, 8, 9])),
+            ("c", shareable(recorder, c["c"], "c", list(range(1, 41)), starting=True))]
+    queue = DeviceQueue("test", batch_tokens=8, member_tokens=0)
+    queue.trace = PassTrace(tmp_path / "passes.jsonl")
+    run_held(queue, jobs)
+    queue.trace.close()
+    passes = read(tmp_path / "passes.jsonl")
+    assert [(each.members, each.tokens, each.own, each.budget) for each in passes] == [(2, 45, 45, 8), (1, 5, 5, 8)]
+    assert [[(session, prompt) for session, prompt, _ in each.first] for each in passes] == [[("c", 40)], []]
+    arrived = passes[0].first[0][2]
+    assert arrived < passes[0].began and passes[0].seconds > 0
+    made = first_tokens(passes)
+    assert len(made) == 1 and made[0].seconds == pytest.approx(passes[0].ended - arrived)
+
+
 def test_a_pass_of_many_members_may_feed_its_tokens_a_member(recorder):
     """batch_tokens=8 and member_tokens=3: four sessions of three tokens share one pass of 12 (8 alone
     held two of them); two sessions of five are held to 8, one a pass, as without it."""
@@ -530,12 +554,15 @@ def test_a_new_streams_long_prompt_runs_in_pieces_while_another_stream_goes_on(l
     assert made["s"] == target_alone(llamacpp_target, short, 400)
 
 
-def test_a_new_replys_first_pass_is_the_pass_right_after_its_start(llamacpp_target):
+def test_a_new_replys_first_pass_is_the_pass_right_after_its_start(llamacpp_target, tmp_path):
     """A reply accepted on the device (`stream_generation` with `started`: the start is the stream's
     first item) has its first pass queued as the start finishes, on the device thread: no pass of the
     other streams runs between its start and its first pass. (Accepted in a turn of its own and its
     stream queued from the event loop, it waited for the pass the worker formed meanwhile: a pass of
-    every running stream, a pass's time more before the first token, more when the loop was busy.)"""
+    every running stream, a pass's time more before the first token, more when the loop was busy.)
+    Traced, each reply's first token came when its start was queued, before the start ran."""
+    from benchmarks.pass_trace_report import read
+    from remote_verify.pass_trace import PassTrace
     from remote_verify.server_only import stream_generation
     from wire.protocol import Generate
 
@@ -543,9 +570,12 @@ def test_a_new_replys_first_pass_is_the_pass_right_after_its_start(llamacpp_targ
     sessions = _sessions(backend, "sn")
     made: dict[str, list[int]] = {"s": [], "n": []}
     queue = DeviceQueue("test")
+    queue.trace = PassTrace(tmp_path / "passes.jsonl")
     starts_at: list[int] = []  # the passes run when each start of "n" ran (on the device thread)
+    start_times: list[float] = []  # ... and when
     start = sessions["n"].start_generation
-    sessions["n"].start_generation = lambda request: (starts_at.append(len(backend.passes)), start(request))[1]
+    sessions["n"].start_generation = lambda request: (starts_at.append(len(backend.passes)),
+                                                      start_times.append(time.perf_counter()), start(request))[2]
 
     async def send(frame) -> None:
         made["n"].extend(frame.tokens)
@@ -567,6 +597,11 @@ def test_a_new_replys_first_pass_is_the_pass_right_after_its_start(llamacpp_targ
     firsts = [next(i for i in n_passes if i >= at) for at in starts_at]
     assert len(starts_at) == 3 and firsts == starts_at, (starts_at, firsts, backend.passes)
     assert len(made["n"]) == 6
+    queue.trace.close()
+    arrivals = [arrived for each in read(tmp_path / "passes.jsonl") for session, _, arrived in each.first
+                if session == str(sessions["n"].id)]
+    assert len(arrivals) == 3 and all(arrived < ran for arrived, ran in zip(arrivals, start_times)), (arrivals,
+                                                                                                     start_times)
 
 
 def test_a_new_replys_long_prompt_does_not_wait_for_a_stream_charged_less(llamacpp_target):

@@ -1,0 +1,32 @@
+"""Where first tokens waited, read from a pass trace (benchmarks/pass_trace_report.py)."""
+
+import json
+
+import pytest
+
+from benchmarks.pass_trace_report import first_tokens, read, summary
+
+
+def _trace(tmp_path, passes):
+    path = tmp_path / "passes.jsonl"
+    lines = [{"opened": 0.0}] + [{"pass": began, "s": seconds, "members": 4, "tokens": tokens, "own": own,
+                                  "budget": 8, "plain_s": seconds / 2, "first": first}
+                                 for began, seconds, tokens, own, first in passes]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return path
+
+
+def test_a_first_token_is_split_into_the_running_pass_the_passes_waited_out_and_its_own(tmp_path):
+    """A request at 1.5 s, during a pass of 1 to 2 s, waits out the pass of 2 to 3.5 s and is made by the one of
+    3.5 to 4: 0.5 s of the running pass, 1.5 s in one pass waited out, 0.5 s its own. One at 4.2 s, made by the
+    next pass at 4.5 to 5, waited out none. Emulated at a time scale of 10, every time a tenth."""
+    path = _trace(tmp_path, [(1.0, 1.0, 6, 4, []), (2.0, 1.5, 12, 12, []), (3.5, 0.5, 6, 6, [["u", 30, 1.5]]),
+                             (4.5, 0.5, 6, 4, [["v", 3, 4.2]])])
+    made = first_tokens(read(path))
+    assert [(m.seconds, m.running_s, m.waited_passes, m.waited_s, m.own_s, m.prompt) for m in made] == [
+        pytest.approx((2.5, 0.5, 1, 1.5, 0.5, 30)), pytest.approx((0.8, 0.0, 0, 0.0, 0.5, 3))]
+    assert made[0].own_over_plain == pytest.approx(2.0)
+    said = summary(read(path), time_scale=10)
+    assert said["passes"] == 4 and said["passes_beyond_budget"] == 1  # 12 tokens of its members' own, 8 the budget
+    assert said["first_tokens"] == 2 and said["first_tokens_that_waited_a_pass"] == 1
+    assert said["first_token_p99_ms"] == pytest.approx(250.0) and said["tail"]["waited_passes"] == 1
