@@ -3,8 +3,9 @@
     python -m benchmarks.pass_trace_report FILE [--time-scale F] [--json]
 
 Each reply's first token, from its request reaching the queue to the end of the pass that made it, is
-split three ways: the rest of the pass running when the request came, the passes it waited out (begun
-after it came, that made no first token of its own), and the pass that made it. A client sees only the sum
+split four ways: the rest of the pass running when the request came, the passes it waited out (begun
+after it came, before its own), the pass that made it, and the device thread's time between those passes
+(forming them, a stream's start). A client sees only the sum
 (and the round trip); docs/results.md reads the tail of the sum from this split. An emulated service's
 times are its device's times `--time-scale` times over: they are divided back.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.service_level import percentile
@@ -83,10 +84,6 @@ def summary(passes: list[Pass], time_scale: float = 1.0) -> dict:
     firsts = sorted(first_tokens(passes), key=lambda each: each.seconds)
     tail = firsts[-max(1, int(round(len(firsts) * TAIL))):] if firsts else []
 
-    def mean(values) -> float:
-        values = list(values)
-        return sum(values) / len(values) if values else 0.0
-
     return {
         "passes": len(passes),
         "pass_ms_mean": mean(each.seconds * ms for each in passes),
@@ -97,17 +94,26 @@ def summary(passes: list[Pass], time_scale: float = 1.0) -> dict:
         "first_token_p50_ms": percentile([each.seconds * ms for each in firsts], 50),
         "first_token_p99_ms": percentile([each.seconds * ms for each in firsts], 99),
         "first_tokens_that_waited_a_pass": sum(1 for each in firsts if each.waited_passes),
-        "tail": {
-            "first_tokens": len(tail),
-            "ms": mean(each.seconds * ms for each in tail),
-            "running_ms": mean(each.running_s * ms for each in tail),
-            "waited_passes": mean(each.waited_passes for each in tail),
-            "waited_ms": mean(each.waited_s * ms for each in tail),
-            "own_ms": mean(each.own_s * ms for each in tail),
-            "prompt_tokens": mean(each.prompt for each in tail),
-        },
-        "median": asdict(firsts[len(firsts) // 2]) if firsts else None,
+        "tail": _split(tail, ms),  # the slowest TAIL of them
+        "median": _split(firsts[len(firsts) // 2:len(firsts) // 2 + 1], ms),  # the middle one
     }
+
+
+def mean(values) -> float:
+    """The mean of `values` (0.0 for none)."""
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
+
+
+def _split(firsts: list[FirstToken], ms: float) -> dict:
+    """The mean split of `firsts`, times in ms."""
+    return {"first_tokens": len(firsts), "ms": mean(each.seconds * ms for each in firsts),
+            "running_ms": mean(each.running_s * ms for each in firsts),
+            "waited_passes": mean(each.waited_passes for each in firsts),
+            "waited_ms": mean(each.waited_s * ms for each in firsts), "own_ms": mean(each.own_s * ms for each in firsts),
+            "between_ms": mean((each.seconds - each.running_s - each.waited_s - each.own_s) * ms for each in firsts),
+            "prompt_tokens": mean(each.prompt for each in firsts),
+            "own_over_plain": mean(each.own_over_plain for each in firsts if each.own_over_plain is not None)}
 
 
 def main() -> None:
@@ -131,9 +137,11 @@ def main() -> None:
     print(f"{said['first_tokens']} first tokens: p50 {said['first_token_p50_ms']:.1f} ms, p99 "
           f"{said['first_token_p99_ms']:.1f} ms; {said['first_tokens_that_waited_a_pass']} waited a pass or more "
           f"besides the one running when they came")
-    print(f"the slowest {tail['first_tokens']}: {tail['ms']:.1f} ms = {tail['running_ms']:.1f} of the pass running "
-          f"when they came + {tail['waited_ms']:.1f} in {tail['waited_passes']:.2f} passes waited out + "
-          f"{tail['own_ms']:.1f} of their own (prompts of {tail['prompt_tokens']:.0f} tokens)")
+    for name, split in (("the median one", said["median"]), (f"the slowest {tail['first_tokens']}", tail)):
+        print(f"{name}: {split['ms']:.1f} ms = {split['running_ms']:.1f} of the pass running when it came + "
+              f"{split['waited_ms']:.1f} in {split['waited_passes']:.2f} passes waited out + {split['own_ms']:.1f} of "
+              f"its own + {split['between_ms']:.1f} between passes ({split['prompt_tokens']:.0f} prompt tokens; its "
+              f"pass {split['own_over_plain']:.2f}x the plain one)")
 
 
 if __name__ == "__main__":

@@ -30,3 +30,5 @@ def test_a_first_token_is_split_into_the_running_pass_the_passes_waited_out_and_
     assert said["passes"] == 4 and said["passes_beyond_budget"] == 1  # 12 tokens of its members' own, 8 the budget
     assert said["first_tokens"] == 2 and said["first_tokens_that_waited_a_pass"] == 1
     assert said["first_token_p99_ms"] == pytest.approx(250.0) and said["tail"]["waited_passes"] == 1
+    assert said["median"]["ms"] == pytest.approx(250.0) and said["median"]["own_ms"] == pytest.approx(50.0)
+    assert said["median"]["between_ms"] == pytest.approx(0.0, abs=1e-9)  # its passes end to end
