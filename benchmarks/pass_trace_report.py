@@ -8,6 +8,10 @@ after it came, before its own), the pass that made it, and the device thread's t
 (forming them, a stream's start). A client sees only the sum
 (and the round trip); docs/results.md reads the tail of the sum from this split. An emulated service's
 times are its device's times `--time-scale` times over: they are divided back.
+
+Also the device thread's time from each pass's end to the next one's start (forming the next pass, handing
+back the last one's results), in this machine's own ms: not divided, because on a real device the device
+waits that long whatever the emulation's scale.
 """
 
 from __future__ import annotations
@@ -79,8 +83,9 @@ def first_tokens(passes: list[Pass]) -> list[FirstToken]:
 
 
 def summary(passes: list[Pass], time_scale: float = 1.0) -> dict:
-    """The passes and the first tokens in figures, times in the device's ms."""
+    """The passes and the first tokens in figures, times in the device's ms (between passes: this machine's)."""
     ms = 1000.0 / time_scale
+    between = [max(0.0, later.began - each.ended) * 1000.0 for each, later in zip(passes, passes[1:])]
     firsts = sorted(first_tokens(passes), key=lambda each: each.seconds)
     tail = firsts[-max(1, int(round(len(firsts) * TAIL))):] if firsts else []
 
@@ -90,6 +95,8 @@ def summary(passes: list[Pass], time_scale: float = 1.0) -> dict:
         "tokens_a_pass": mean(each.tokens for each in passes),
         "own_tokens_a_pass": mean(each.own for each in passes),
         "passes_beyond_budget": sum(1 for each in passes if each.budget is not None and each.own > each.budget),
+        "between_passes_p50_ms": percentile(between, 50),  # this machine's ms, not divided by the time scale
+        "between_passes_p90_ms": percentile(between, 90),
         "first_tokens": len(firsts),
         "first_token_p50_ms": percentile([each.seconds * ms for each in firsts], 50),
         "first_token_p99_ms": percentile([each.seconds * ms for each in firsts], 99),
@@ -134,6 +141,8 @@ def main() -> None:
     tail = said["tail"]
     print(f"{said['passes']} passes, {said['pass_ms_mean']:.1f} ms and {said['tokens_a_pass']:.0f} tokens on average "
           f"({said['own_tokens_a_pass']:.0f} the members' own), {said['passes_beyond_budget']} beyond the budget")
+    print(f"the device thread between passes: p50 {said['between_passes_p50_ms']:.1f} ms, p90 "
+          f"{said['between_passes_p90_ms']:.1f} ms of this machine's time (not divided by the time scale)")
     print(f"{said['first_tokens']} first tokens: p50 {said['first_token_p50_ms']:.1f} ms, p99 "
           f"{said['first_token_p99_ms']:.1f} ms; {said['first_tokens_that_waited_a_pass']} waited a pass or more "
           f"besides the one running when they came")

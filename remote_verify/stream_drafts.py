@@ -164,7 +164,7 @@ class StreamDrafts:
         depth = 0 if node == ROOT else tree.depths[node]
         while chain.start + depth < len(committed):  # the children of `node` guessed a committed position
             position = chain.start + depth
-            if not tree.children(node):
+            if not tree.has_children(node):
                 return GuessTree([], [])  # the tree ends before the history does
             child = tree.child_with(node, committed[position])
             self._count(position, child is not None)

@@ -73,7 +73,7 @@ class GuessTree:
     @property
     def is_chain(self) -> bool:
         if self._chain is None:
-            self._chain = all(parent == i - 1 for i, parent in enumerate(self.parents))
+            self._chain = self.parents == list(range(-1, len(self.parents) - 1))  # compared in C: asked of every new tree
         return self._chain
 
     @property
@@ -97,7 +97,26 @@ class GuessTree:
 
     def child_with(self, node: int, token: int) -> int | None:
         """The first child of `node` (or of ROOT) that guessed `token`, or None."""
-        return next((child for child in self.children(node) if self.tokens[child] == token), None)
+        if self.is_chain or self._children is not None:
+            return next((child for child in self.children(node) if self.tokens[child] == token), None)
+        # Without building the index of children: a stream's tree is walked a few nodes a pass, and a
+        # client re-sends its tree as it grows, so a new tree of up to MAX_TREE_NODES was indexed whole for
+        # each member of nearly every pass (at 128 users on the emulated 70B, about half the device thread's
+        # time between passes). A node's children come after it (parents first), found by the list's own search.
+        child = node
+        while True:
+            try:
+                child = self.parents.index(node, child + 1)
+            except ValueError:
+                return None
+            if self.tokens[child] == token:
+                return child
+
+    def has_children(self, node: int) -> bool:
+        """Whether `node` (or ROOT) has a child, without indexing the tree (`child_with` says why)."""
+        if self.is_chain or self._children is not None:
+            return bool(self.children(node))
+        return node in self.parents[max(node, 0):]  # ROOT's children start at node 0; a node's after it
 
     def first_choice_path(self) -> list[int]:
         """The nodes of the chain of first children from ROOT: what a backend without tree

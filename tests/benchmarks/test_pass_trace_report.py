@@ -32,3 +32,6 @@ def test_a_first_token_is_split_into_the_running_pass_the_passes_waited_out_and_
     assert said["first_token_p99_ms"] == pytest.approx(250.0) and said["tail"]["waited_passes"] == 1
     assert said["median"]["ms"] == pytest.approx(250.0) and said["median"]["own_ms"] == pytest.approx(50.0)
     assert said["median"]["between_ms"] == pytest.approx(0.0, abs=1e-9)  # its passes end to end
+    # from one pass's end to the next one's start: 0, 0 and 0.5 s, in this machine's ms (not a tenth)
+    assert said["between_passes_p50_ms"] == pytest.approx(0.0, abs=1e-9)
+    assert said["between_passes_p90_ms"] == pytest.approx(500.0)

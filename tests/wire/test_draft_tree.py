@@ -102,3 +102,32 @@ def test_a_kept_stop_token_ends_the_walk_with_nothing_picked_after_it():
     assert walk(GuessTree.chain([5, 319]), pick, frozenset({319})) == ([0, 1], None)
     assert asked == [0, 1]
     assert walk(GuessTree.chain([5, 319]), pick) == ([0, 1], 7)  # without stops: the token after it
+
+
+def random_tree(rng, nodes: int, vocab: int) -> GuessTree:
+    """A tree of `nodes` guesses over `vocab` tokens, each node's parent an earlier node or ROOT (repeated
+    tokens among siblings included: the first of them is the one a walk takes)."""
+    parents = [rng.randrange(-1, i) for i in range(nodes)]
+    return GuessTree([rng.randrange(vocab) for _ in range(nodes)], parents)
+
+
+def test_a_child_is_found_alike_with_and_without_the_index_of_children():
+    """`child_with` and `has_children` answer from the parent list when the tree was never indexed (a stream
+    walks a client's new tree a few nodes a pass); on every node and token of many random trees they answer
+    what the index answers, and walking a history down a tree leaves it unindexed."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(200):
+        nodes = rng.randrange(1, 40)
+        tree = random_tree(rng, nodes, vocab=4)
+        fresh = GuessTree(tree.tokens, tree.parents)
+        answers = [(fresh.child_with(node, token), fresh.has_children(node))
+                   for node in range(-1, nodes) for token in range(4)]
+        assert fresh._children is None  # answered without the index
+        tree.children(ROOT)  # the index, built
+        assert answers == [(tree.child_with(node, token), bool(tree.children(node)))
+                           for node in range(-1, nodes) for token in range(4)]
+    chain = GuessTree([5, 6, 7], [-1, 0, 1])
+    assert chain.is_chain and chain.child_with(0, 6) == 1 and chain.child_with(0, 5) is None
+    assert not chain.has_children(2) and chain.has_children(ROOT)
