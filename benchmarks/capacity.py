@@ -10,7 +10,8 @@ The service is the product's (remote_verify/server.py, its scheduler sharing pas
 sessions) on an emulated target: the default pair's recorded decisions (greedy; or sampled, with
 `--recording` naming a sampled recording, whose sampling and seed every user asks with), each pass held
 for the time the target profile gives a pass of its shape (benchmarks/emulation/). Each user is
-a real client in its own thread with its own connection through the latency proxy (`--rtt-ms`),
+a real client in its own thread with its own connection through the latency proxy (`--rtt-ms`, in a
+process of its own: on a thread beside the users it waited for them, app/latency_proxy.py),
 in the mode named, with an emulated drafter (the drafter profile; the real drafter's recorded
 guesses). Past 64 users they run in worker processes of at most 64 each (`--client-processes`;
 benchmarks/client_processes.py): hundreds of clients in one interpreter waited for it, and measured
@@ -340,7 +341,7 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
     try:
         for rtt in rtts_ms:
             proxy = LatencyProxy(url, rtt_ms=rtt * time_scale)
-            proxy.start_in_thread()
+            proxy.start_in_process()  # the link must not wait on the users' threads (app/latency_proxy.py)
 
             def probe(users: int, mode: str) -> WaveRecord:
                 workers = processes or auto_processes(users)

@@ -309,16 +309,19 @@ class StreamController:
         # chains on code where trees of 8 made 10% more), else the width
         nodes = (self._leaves(width) if width > 1 else 1.0) if stream else float(width)
         reread_s = guess_s * self.reread_cost(width) if guess_s else 0.0  # what a frame costs a tree's drafter
-        best = 1.0
+        best, interference = 1.0, self.interference
         for b in range(1, self.longest_block() + 1):
-            cost = self.seconds(1 + b * nodes) * self.interference
+            cost = self.seconds(1 + b * nodes) * interference
             if cost <= 0:  # a curve that says a pass costs nothing says nothing a gain can be read from
                 return math.inf
             # levels the drafter can have ready in a pass, a tree's less what a frame costs it
             found = b if not level_s else min(b, max(0.0, cost - reread_s) / level_s)
             whole = int(found)  # the whole levels drafted in a pass, and a part of one more
-            kept = (1.0 + kept_at * sum(survive ** i for i in range(whole))
-                    + (found % 1) * kept_at * survive ** whole)
+            reached = survive ** whole
+            # sum(survive ** i for i < whole), in closed form: this runs for every block size and width at
+            # each reply's start and each miss, on the client's loop, before the frame it has
+            levels = whole if survive == 1.0 else (1.0 - reached) / (1.0 - survive)
+            kept = 1.0 + kept_at * levels + (found % 1) * kept_at * reached
             if stream and level_s:
                 kept = min(kept, max(1.0, found))
             dies = 1.0 - survive ** found  # the guesses end within the pass (a miss, a leaf): blind passes follow

@@ -22,6 +22,9 @@ When the drafter works is `StreamController`'s decision (local_draft/stream_cont
 only while drafting raises the stream's rate. Resting, it reads nothing: the stream is then
 `--mode server` exactly.
 
+Until a reply's first frame comes, the drafter's steps run on a thread beside a watch on the socket
+(local_draft/first_frame.py): the first token is shown when it arrives, not after the step under way.
+
 Where the service verifies trees (its Welcome's `trees`) and the controller finds that a tree pays
 (`width` above 1: the drafter decodes several branches for little more than one), the guesses
 are a tree instead (local_draft/draft_tree.py): grown a level at a time, each level's branches
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -55,6 +59,7 @@ import numpy as np
 from local_draft.draft_model import DraftModel, DraftModelError
 from local_draft.draft_source import drafter_and_end_ids
 from local_draft.draft_tree import DraftTree
+from local_draft.first_frame import FirstFrameWatch, FrameFirst
 from local_draft.generation_stats import Generation, GenerationStats
 from local_draft.history_rewind import opening
 from local_draft.ngram_draft import NGramDrafter
@@ -157,6 +162,10 @@ class StreamSpeculator:
         self._trees = False  # this stream may guess trees (_consider_trees)
         self._blind: int | None = None  # passes without a guess since the last miss (None: not counting)
         self._mixed_right = {"model": [0.7, 1.0], "ngram": [0.5, 1.0]}  # decayed right / tested, by source
+        # while a reply's first frame is awaited, the drafter's steps run beside a watch on the socket
+        # (local_draft/first_frame.py): the pool's two threads, made at the first such reply
+        self._first_frame_pool: ThreadPoolExecutor | None = None
+        self._watch: FirstFrameWatch | None = None
 
     # ---- settings -----------------------------------------------------------------------
 
@@ -188,7 +197,6 @@ class StreamSpeculator:
                  should_stop: ShouldStop | None = None) -> Generation:
         """Continue `context` by up to max_tokens tokens (fewer at an end token, a full context or a stop)."""
         stats = self.stats = GenerationStats()
-        self.controller.new_reply()
         history, new = list(context), []
         self.token_logprobs = []
         self._constrain_from(len(history) - self.grammar_lead)
@@ -251,14 +259,20 @@ class StreamSpeculator:
         self.controller.curve = client.welcome.pass_costs
         self.controller.colocated = client.on_this_machine if self.colocated is None else self.colocated
         self.controller.drafter_share = self._drafter_share() if self.controller.colocated else 0.0
-        self.controller.new_reply()
         self._blind = None  # a new stream: its first passes wait for the prompt, not for a miss
         can_draft = "drafts" in client.welcome.capabilities and (self.draft is not None or self.ngram is not None)
         # Beside a service on this machine the drafter reads nothing during the prompt's pass: it
         # would take the cores that pass runs on (the first token would come later).
         early = not self.controller.colocated
         seq = self._start(client, history, max_tokens - len(new))
+        # The reply's decisions (whether to draft, how wide) are made once the Generate is out: they do
+        # not change what it asks, and the first token is a round trip away. Made before it, they held
+        # every reply's request back by their time (the emulated 70B at 32 users: 0.4 emulated ms at the
+        # median, 2 at p90, in users that share cores).
+        self.controller.new_reply()
         self._consider_trees(client, history, can_draft)
+        if can_draft and early and self.draft is not None:
+            self._watch = FirstFrameWatch(client, self._first_frame_threads())
         started = time.perf_counter()
         chain = self._new_chain(len(history))
         last_frame_at, frames, cancelled, pause_until, last_send = 0.0, 0, False, 0.0, 0.0
@@ -283,10 +297,14 @@ class StreamSpeculator:
                     wants_guess = drafting and chain.levels < horizon
                 if not wants_guess and chain.sent < len(chain.tokens):
                     self._send(client, seq, chain)  # before waiting: what was guessed goes out
+                watched = self._watch is not None and self._watch.waiting  # the socket is the watch's
                 if not wants_guess and not cancelled and should_stop is not None:
-                    cancelled = self._wait_or_cancel(client, seq, should_stop)
+                    cancelled = self._wait_or_cancel(self._watch.wait if watched else client.wait_ready,
+                                                     client, seq, should_stop)
+                if watched and not wants_guess:
+                    self._watch.finish()  # the receive below reads the socket (a silent service is pinged)
                 try:
-                    frame = client.next_generated(wait=not wants_guess)
+                    frame = None if watched and wants_guess else client.next_generated(wait=not wants_guess)
                 except VerifyError as exc:
                     if frames == 0 and exc.code in ("stale_state", "bad_seq") and not exc.fatal and not rebuilt:
                         # the service lost track of us: a Sync gives it our history (and starts its
@@ -313,10 +331,13 @@ class StreamSpeculator:
                     frames += 1
                     last_frame_at = now
                     chain = self._commit(frame, history, new, chain, on_commit)
+                    if self._watch is not None:  # the first frame is shown: from here the loop works as before
+                        self._watch.close()
+                        self._watch = None
                     if frame.done:
                         self._service_history = list(history)
                         return frame.stop_reason
-                elif wants_guess and not self._guess(client, history, chain):
+                elif wants_guess and not self._guess_unless_overtaken(client, history, chain):
                     pause_until = time.perf_counter() + MIN_SEND_INTERVAL_S  # nothing to guess with now
                 elif chain.sent < len(chain.tokens) and time.perf_counter() - last_send >= MIN_SEND_INTERVAL_S:
                     self._send(client, seq, chain)
@@ -325,16 +346,20 @@ class StreamSpeculator:
                     client.send_cancel(Cancel(seq=seq))
                     cancelled = True
         finally:
+            if self._watch is not None:
+                self._watch.close()
+                self._watch = None
             stats.bytes_sent += client.bytes_sent - sent0
             stats.bytes_received += client.bytes_received - received0
 
     @staticmethod
-    def _wait_or_cancel(client: VerifyClient, seq: int, should_stop: ShouldStop) -> bool:
-        """Wait for the next frame, in slices, sending Cancel as soon as a stop is asked (True then).
-        A long pass (a prompt's) is not waited out before the stop is sent; past the client's stall
-        timeout the caller's receive takes over (it asks the service whether it is alive)."""
+    def _wait_or_cancel(ready, client: VerifyClient, seq: int, should_stop: ShouldStop) -> bool:
+        """Wait for the next frame (`ready(timeout)`: the client's, or the first frame's watch), in
+        slices, sending Cancel as soon as a stop is asked (True then). A long pass (a prompt's) is not
+        waited out before the stop is sent; past the client's stall timeout the caller's receive takes
+        over (it asks the service whether it is alive)."""
         waited = 0.0
-        while waited < client.stall_timeout_s and not client.wait_ready(STOP_POLL_S):
+        while waited < client.stall_timeout_s and not ready(STOP_POLL_S):
             waited += STOP_POLL_S
             if should_stop():
                 client.send_cancel(Cancel(seq=seq))
@@ -455,6 +480,8 @@ class StreamSpeculator:
         """Extend the chain by one guess (or a copied run); False when there is nothing to guess with.
 
         A drafter still reading the text reads a piece instead (it stops as a frame arrives)."""
+        if self._watch is not None:
+            self._watch.settle()  # a step the first frame overtook ends before the drafter is asked anything
         if isinstance(chain, DraftTree):
             return self._grow(client, history, chain)
         context = history + chain.tokens
@@ -470,7 +497,7 @@ class StreamSpeculator:
         if self.draft.lag(context) > 2:  # a new prompt, or a turn after a rest: read it while frames come
             began = time.perf_counter()
             try:
-                self.draft.keep_up(context, should_stop=client.reply_ready)
+                self._on_drafter(lambda stop: self.draft.keep_up(context, should_stop=stop), client)
             except DraftModelError:
                 return False
             self.stats.ahead_s += time.perf_counter() - began
@@ -478,7 +505,8 @@ class StreamSpeculator:
         began = time.perf_counter()
         clocks = None if self.params.greedy else self.randomness.race(len(context), self.draft.vocab_size)
         try:
-            token = self.draft.guess(context, self.params, clocks, self._allowed(context))
+            allowed = self._allowed(context)
+            token = self._on_drafter(lambda _: self.draft.guess(context, self.params, clocks, allowed), client)
         except DraftModelError:  # the drafter's context is full: the stream goes on without guesses
             return False
         spent = time.perf_counter() - began
@@ -488,6 +516,29 @@ class StreamSpeculator:
         chain.tokens.append(token)
         chain.sources.append("model")
         return True
+
+    def _guess_unless_overtaken(self, client: VerifyClient, history: list[int], chain: GuessChain) -> bool:
+        """`_guess`, where the first frame may come mid-step: then True (the loop handles the frame next)."""
+        try:
+            return self._guess(client, history, chain)
+        except FrameFirst:
+            return True
+
+    def _on_drafter(self, call, client: VerifyClient):
+        """A draft model's call (`call(should_stop)`: a reading of text stops between pieces when it
+        says so): beside the first frame's watch while there is one, else here."""
+        watch = self._watch
+        if watch is None:
+            return call(client.reply_ready)
+        watch.settle()
+        if not watch.waiting:
+            return call(client.reply_ready)
+        return watch.run(lambda: call(watch.came))
+
+    def _first_frame_threads(self) -> ThreadPoolExecutor:
+        if self._first_frame_pool is None:
+            self._first_frame_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="specwire-first-frame")
+        return self._first_frame_pool
 
     def _add_forced(self, history: list[int], chain: GuessChain) -> None:
         """Append the tokens the grammar forces after the chain (its syntax: `{"`, a property's name,
@@ -513,7 +564,8 @@ class StreamSpeculator:
         if self.draft.lag(history) > 2 and not tree.tokens:  # read a new text first, while frames come
             began = time.perf_counter()
             try:
-                self.draft.keep_up(history, should_stop=client.reply_ready)
+                text = list(history)  # the loop may append to history meanwhile (a frame overtaking the read)
+                self._on_drafter(lambda stop: self.draft.keep_up(text, should_stop=stop), client)
             except DraftModelError:
                 return False
             self.stats.ahead_s += time.perf_counter() - began
@@ -523,7 +575,9 @@ class StreamSpeculator:
             lambda position: self.randomness.race(position, self.draft.vocab_size))
         branches = len(tree.open)
         try:
-            candidates = self.draft.branch_guesses(history, tree.open_paths(), self.params, clocks_for)
+            text, paths = list(history), tree.open_paths()
+            candidates = self._on_drafter(
+                lambda _: self.draft.branch_guesses(text, paths, self.params, clocks_for), client)
         except DraftModelError:  # the drafter's context is full: the stream goes on without guesses
             return False
         added = tree.grow(candidates, self.end_ids)

@@ -78,3 +78,46 @@ def test_bad_proxy_settings_are_clear_errors():
         LatencyProxy("ws://127.0.0.1:8765", rtt_ms=-1)
     with pytest.raises(ValueError, match="HOST:PORT"):
         LatencyProxy("ws://127.0.0.1", rtt_ms=10)
+
+
+def test_a_proxy_in_a_process_of_its_own_relays_with_the_round_trip_and_stops(service_on, close_draft):
+    """`start_in_process` (benchmarks.load's: the link must not wait on the users' threads): the proxy runs
+    in another process, every round trip through it takes at least the emulated time, faults on demand
+    say they need the thread, and once stopped its process is gone and its port refuses."""
+    import os
+    import socket
+
+    proxy = LatencyProxy(service_on("llamacpp").url, rtt_ms=RTT_MS)
+    url = proxy.start_in_process()
+    process = proxy._process
+    try:
+        assert process is not None and process.is_alive() and process.pid != os.getpid()
+        client = VerifyClient(url, hello_for(close_draft))
+        prompt = close_draft.tokenize("hello")
+        for seq in range(1, 4):
+            started = time.perf_counter()
+            verdict = client.verify(Verify(seq=seq, committed_len=0 if seq == 1 else len(prompt) + seq - 1,
+                                           append=prompt if seq == 1 else [], draft=[]))
+            assert time.perf_counter() - started >= RTT_MS / 1000
+            assert verdict.committed_len == len(prompt) + seq
+        client.close()
+        with pytest.raises(RuntimeError, match="start_in_thread"):
+            proxy.drop_all()
+    finally:
+        proxy.stop()
+    assert not process.is_alive()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", proxy.port), timeout=2).close()
+
+
+def test_a_proxy_process_that_cannot_listen_says_why():
+    """A port already taken: start_in_process raises with the reason, and leaves no process behind."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        proxy = LatencyProxy("ws://127.0.0.1:9", rtt_ms=10, port=taken.getsockname()[1])
+        with pytest.raises(RuntimeError, match="cannot listen"):
+            proxy.start_in_process()
+        assert proxy._process is None

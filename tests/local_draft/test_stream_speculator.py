@@ -114,6 +114,26 @@ def test_guesses_stop_at_the_end_of_the_reply(paced_service, close_draft, monkey
     client.close()
 
 
+def test_a_replys_request_goes_out_before_its_drafting_decisions(service_on, close_draft, monkeypatch):
+    """The controller's decisions for a reply (whether to draft, how wide: a millisecond of arithmetic)
+    are made after the Generate is sent, not before: they change nothing it asks, and the first token
+    is a round trip away. Each reply, default flags: the request, then the decision, once."""
+    from local_draft.stream_controller import StreamController
+
+    events = []
+    true_new_reply, true_send_generate = StreamController.new_reply, VerifyClient.send_generate
+    monkeypatch.setattr(StreamController, "new_reply", lambda self: (events.append("decide"), true_new_reply(self)))
+    monkeypatch.setattr(VerifyClient, "send_generate",
+                        lambda self, request: (events.append("generate"), true_send_generate(self, request)))
+    client = VerifyClient(service_on("llamacpp").url, hello_for(close_draft))
+    speculator = StreamSpeculator(close_draft, client, SamplingParams(), seed=5)
+    for prompt in PROMPTS[:3]:
+        events.clear()
+        result = speculator.generate(close_draft.tokenize(prompt), 8)
+        assert result.token_ids and events == ["generate", "decide"], (prompt, events)
+    client.close()
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_a_seeded_sampled_stream_is_token_identical_to_seeded_server_only(paced_service, close_draft, seed):
     """Sampling with a seed: the stream with guesses commits exactly the tokens the stream alone
