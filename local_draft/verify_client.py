@@ -3,7 +3,10 @@
 Blocking on purpose: the speculation loop alternates draft and verify on one thread,
 and a synchronous socket keeps that loop a plain loop. A round can also be split in two
 (`send_verify`, then `receive_verdict`) so that the loop drafts ahead while the verdict is
-in flight; websockets reads frames on its own thread meanwhile. Byte counts are payload bytes.
+in flight; websockets reads frames on its own thread meanwhile. One reader at a time: while the
+default mode's loop waits for a reply's first frame, a thread of its own does the reading
+(`wait_ready`; local_draft/first_frame.py) and the loop reads nothing until it ends. Byte counts are
+payload bytes.
 """
 
 from __future__ import annotations
