@@ -528,10 +528,7 @@ class StreamSpeculator:
         """A draft model's call (`call(should_stop)`: a reading of text stops between pieces when it
         says so): beside the first frame's watch while there is one, else here."""
         watch = self._watch
-        if watch is None:
-            return call(client.reply_ready)
-        watch.settle()
-        if not watch.waiting:
+        if watch is None or not watch.waiting:
             return call(client.reply_ready)
         return watch.run(lambda: call(watch.came))
 

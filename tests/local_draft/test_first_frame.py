@@ -8,15 +8,27 @@ import time
 
 import pytest
 
+from app.latency_proxy import LatencyProxy
 from local_draft.server_only import ServerOnlyGenerator
 from local_draft.stream_speculator import StreamSpeculator
 from local_draft.verify_client import VerifyClient
 from tests.conftest import hello_for
 from wire.protocol import SamplingParams
 
-PROMPTS = ["def quicksort(arr):", "The quick brown fox", "class Stack:\n    def push(self, x):"]
+PROMPTS = ["def quicksort(arr):", "class Stack:\n    def push(self, x):"]
 REPLY_TOKENS = 4
-SLOW_STEP_S = 0.5  # each drafter step this much longer: a drafter far slower than the tiny target's pass
+SLOW_STEP_S = 0.8  # each drafter step this much longer: a drafter far slower than the tiny target's pass
+# The service behind this round trip: a first frame later than the loop's own start on a busy machine
+# (the tiny target's first pass takes a few ms), so that a step is under way when it comes.
+RTT_MS = 100
+
+
+@pytest.fixture(scope="module")
+def far_service(service_on):
+    proxy = LatencyProxy(service_on("llamacpp").url, rtt_ms=RTT_MS)
+    proxy.start_in_thread()
+    yield proxy.url
+    proxy.stop()
 
 
 @pytest.fixture
@@ -48,8 +60,8 @@ def slow_drafter(close_draft, monkeypatch):
 
 
 @pytest.mark.parametrize("watch_s", [None, 0.002], ids=["default", "watched-anew"])
-def test_the_first_token_is_shown_while_the_drafters_step_runs(service_on, slow_drafter, monkeypatch, watch_s):
-    """A service elsewhere (the drafter guesses from the prompt's pass on), `--k 4` (drafting on whatever the
+def test_the_first_token_is_shown_while_the_drafters_step_runs(far_service, slow_drafter, monkeypatch, watch_s):
+    """A service 100 ms away (the drafter guesses from the prompt's pass on), `--k 4` (drafting on whatever the
     service's costs say: on this CPU they say rest) and a seed: each reply's drafter is mid-step when the
     first frame comes, and the first token is shown within half a step of the request, where waiting for
     the step would take a whole one. The replies are server-only's. `watched-anew`: each wait on the socket
@@ -57,7 +69,7 @@ def test_the_first_token_is_shown_while_the_drafters_step_runs(service_on, slow_
     if watch_s is not None:
         monkeypatch.setattr("local_draft.first_frame.WATCH_S", watch_s)
     draft, began, overlapped = slow_drafter
-    url = service_on("llamacpp").url
+    url = far_service
     reference_client = VerifyClient(url, hello_for(draft))
     reference = ServerOnlyGenerator(reference_client, draft.end_ids)
     expected = {prompt: reference.generate(draft.tokenize(prompt), REPLY_TOKENS).token_ids for prompt in PROMPTS}
