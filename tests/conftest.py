@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import threading
@@ -273,6 +274,19 @@ def far_draft(tiny):
     from local_draft.draft_model import DraftModel
 
     return DraftModel(tiny.draft_far, n_ctx=2048, n_threads=TINY_THREADS)
+
+
+@contextlib.contextmanager
+def behind_round_trip(url: str, rtt_ms: float):
+    """`url` behind the latency proxy's round trip (on a thread); yields the proxy's URL."""
+    from app.latency_proxy import LatencyProxy
+
+    proxy = LatencyProxy(url, rtt_ms=rtt_ms)
+    proxy.start_in_thread()
+    try:
+        yield proxy.url
+    finally:
+        proxy.stop()
 
 
 def hello_for(draft, sampling=None, seed=None):

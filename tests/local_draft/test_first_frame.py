@@ -8,11 +8,10 @@ import time
 
 import pytest
 
-from app.latency_proxy import LatencyProxy
 from local_draft.server_only import ServerOnlyGenerator
 from local_draft.stream_speculator import StreamSpeculator
 from local_draft.verify_client import VerifyClient
-from tests.conftest import hello_for
+from tests.conftest import behind_round_trip, hello_for
 from wire.protocol import SamplingParams
 
 PROMPTS = ["def quicksort(arr):", "class Stack:\n    def push(self, x):"]
@@ -25,10 +24,8 @@ RTT_MS = 100
 
 @pytest.fixture(scope="module")
 def far_service(service_on):
-    proxy = LatencyProxy(service_on("llamacpp").url, rtt_ms=RTT_MS)
-    proxy.start_in_thread()
-    yield proxy.url
-    proxy.stop()
+    with behind_round_trip(service_on("llamacpp").url, RTT_MS) as url:
+        yield url
 
 
 @pytest.fixture

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.latency_proxy import LatencyProxy
 from local_draft.speculator import Speculator
 from local_draft.verify_client import VerifyClient
-from tests.conftest import hello_for
+from tests.conftest import behind_round_trip, hello_for
 from wire.protocol import SamplingParams
 
 PROMPTS = ["def quicksort(arr):", "The quick brown fox", "class Stack:\n    def push(self, x):", "x = ["]
@@ -17,10 +16,8 @@ MAX_TOKENS = 24
 @pytest.fixture(scope="module")
 def slow_link(service_on):
     """The llama.cpp service behind a 5 ms round trip, so a block drafted meanwhile gets finished."""
-    proxy = LatencyProxy(service_on("llamacpp").url, rtt_ms=5)
-    proxy.start_in_thread()
-    yield proxy.url
-    proxy.stop()
+    with behind_round_trip(service_on("llamacpp").url, 5) as url:
+        yield url
 
 
 def generate_rounds(speculator, draft, prompt, max_tokens=MAX_TOKENS):

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from app.latency_proxy import LatencyProxy
 from local_draft.server_only import ServerOnlyGenerator
 from local_draft.stream_speculator import StreamSpeculator
 from local_draft.verify_client import VerifyClient
 from wire.protocol import Draft, Generate, Generated, SamplingParams
-from tests.conftest import hello_for
+from tests.conftest import behind_round_trip, hello_for
 
 PROMPTS = [
     "def quicksort(arr):", "The quick brown fox", "import numpy as np\n", "Once upon a time",
@@ -25,10 +24,8 @@ RTT_MS = 5
 
 @pytest.fixture(scope="module")
 def far_link(service_on):
-    proxy = LatencyProxy(service_on("llamacpp").url, rtt_ms=RTT_MS)
-    proxy.start_in_thread()
-    yield proxy.url
-    proxy.stop()
+    with behind_round_trip(service_on("llamacpp").url, RTT_MS) as url:
+        yield url
 
 
 def _server_only(url: str, draft, params: SamplingParams, prompts: list[str], seed: int | None = None) -> dict:
