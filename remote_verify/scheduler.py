@@ -17,10 +17,13 @@ Chunked prefill: an item that must first feed a long history (a prompt, a Sync's
 history, a stream after one) runs it in pieces, each a turn of its own (`Shareable.split`):
 while other sessions are active, a first piece costs about two one-round passes by the device's
 cost curve timed on this queue (before any pass is timed, by the backend's own prices:
-`piece_tokens`), and each later one is sized by how long the prefill's last piece took, to take
-about PIECE_ROUNDS passes of rounds (deep in a long history a token costs more than a curve keyed
-by tokens says); alone, a piece is as long as llama.cpp's batch (ALONE_PIECE_TOKENS), or what
-takes ALONE_PIECE_S where a batch takes longer (a CPU: a newcomer waits for it). A feed of
+`piece_tokens`), or, where that is more, so that its pass beside the other sessions' waiting passes (a
+token each) costs at most twice theirs by the curve of passes of as many members (on a GPU's flat curve a
+pass of many streams has room for a long piece: sized against one round alone, a piece every other pass
+read fewer prompt tokens than users brought); each later one is sized by what the prefill's last piece
+added to the rounds' wait, to add about PIECE_ROUNDS passes of rounds (deep in a long history a token
+costs more than a curve keyed by tokens says); alone, a piece is as long as llama.cpp's batch
+(ALONE_PIECE_TOKENS), or what takes ALONE_PIECE_S where a batch takes longer (a CPU: a newcomer waits for it). A feed of
 UNCUT_TOKENS or fewer (a new reply's short prompt) is never cut, nor one of at most a piece and a half
 (WHOLE_PIECES): cut, its tail waited a turn of its own, two passes more for its first token (the emulated
 7B at 64 users: a prompt of 115 tokens went as 108 and 7; taken whole, the first token's p99 at the
@@ -184,6 +187,7 @@ class _Item:
     cut: bool = False  # its feed has been cut into pieces: the rest is cut too, however short
     piece_tokens: int = 0  # its last piece's tokens and pass seconds: what its next piece is sized by
     piece_s: float = 0.0
+    piece_shared: bool = False  # ... and whether other members were in that pass (the rounds waited only its excess)
     # stream(): called on the device thread with the item's result: the stream's next work (None: it ends)
     follow: Callable[[Any], Any] | None = None
     deliver: Callable[[Any, BaseException | None, float], None] | None = None  # stream(): on the event loop
@@ -248,6 +252,7 @@ class DeviceQueue:
         self._prefill_waiting = False  # the pass being formed holds a piece of a prompt, or one waits (`PREFILL_ROOM`)
         self._round_s: float | None = None  # a pass holding no prefill piece takes this long (decayed mean)
         self._piece_memo: dict = {}  # piece limits found while forming the current turn
+        self._plain_beside = 0  # other sessions' passes waiting as the turn is formed: a piece's pass holds them too
         self.ledger = PassLedger()  # each session's gain against a plain stream (fair shared passes)
         self.plain_load = PlainLoad()  # the plain streams server-only would run under these users (the ledger's)
         self.plain_streams = 0.0  # ... as last counted (every PLAIN_LOAD_PASSES passes)
@@ -339,6 +344,8 @@ class DeviceQueue:
                 self._ready.wait()
             line = sorted(self._turns, key=lambda each: self._charged[each])  # stable: ties in arrival order
             self._piece_memo.clear()  # the curve has moved since the last turn
+            waiting_passes = sum(1 for each in line if isinstance(self._waiting[each][0].work, Shareable))
+            self._plain_beside = max(0, waiting_passes - 1)
             # bookkeeping (starting a stream, a Sync) goes first: by charge, a session back with a new
             # reply waited until every stream charged less than it had caught up (a second for a first
             # token at 32 streams); what its turn costs the others is the pass after it, charged as before
@@ -456,7 +463,11 @@ class DeviceQueue:
             return max(piece, UNCUT_TOKENS) if self._size(item.work) <= UNCUT_TOKENS else piece
         if not item.piece_s > 0 or self._round_s is None or not self._others_active(session):
             return piece
-        scaled = item.piece_tokens * PIECE_ROUNDS * self._round_s / item.piece_s
+        # what the piece added to the rounds' wait: its whole pass, or what that pass took beyond a pass of rounds
+        # where they were in it (priced by the whole pass, each piece under load was shorter than the last: the
+        # emulated RTX 3090 at 64 users read a 151-token prompt in pieces of 42, 34, 28, ... tokens)
+        added_s = item.piece_s - self._round_s if item.piece_shared else item.piece_s
+        scaled = item.piece_tokens * PIECE_ROUNDS * self._round_s / max(added_s, 1e-6)
         return int(max(1, min(2 * item.piece_tokens, scaled)))  # twice the last at most: it may have been cheap
 
     def _rounds(self, session: Hashable) -> bool:
@@ -497,9 +508,41 @@ class DeviceQueue:
 
     def _measured_piece_tokens(self) -> int | None:
         """The longest piece that costs at most two one-round passes by the passes timed on this queue
-        (the device's curve: the emulated one's too, where a backend's own prices are a stand-in's);
-        None before any pass is timed."""
-        return self._longest_piece_within(2.0, ROUND_TOKENS)
+        (the device's curve: the emulated one's too, where a backend's own prices are a stand-in's), or,
+        where more, the longest whose pass beside the other sessions' waiting passes costs at most two of
+        theirs (`_piece_beside`); None before any pass is timed."""
+        alone = self._longest_piece_within(2.0, ROUND_TOKENS)
+        if alone is None:
+            return None
+        return max(alone, self._piece_beside(self._plain_beside))
+
+    def _piece_beside(self, streams: int) -> int:
+        """The longest piece whose pass with `streams` plain members (a token each) costs at most twice theirs
+        alone, by the curve of passes of about as many members; 0 beside fewer than a round's tokens. Within the
+        pass's budget, whole prompts of a piece and a half too (WHOLE_PIECES): every member's own token still
+        fits. A piece priced against one round alone was about 42 tokens on the emulated RTX 3090, where 42
+        tokens more in a pass of 64 streams cost 6 ms of its 26: at 64 users prompts of 97 to 151
+        tokens came faster than a piece every other pass read them, in both modes, and their first tokens
+        waited (server-only's p99 1.14 s, the default mode's 2.3x that)."""
+        if streams < ROUND_TOKENS:
+            return 0
+        key = ("beside", streams)
+        if key not in self._piece_memo:
+            curve = self.costs.shared(streams + 1)
+            plain_s = curve.seconds(streams)
+            room = int(min(ALONE_PIECE_TOKENS, (self.budget(streams + 1) - streams) / WHOLE_PIECES)) \
+                if self.batch_tokens else 0
+            low = 0
+            if plain_s is not None and room > 0:
+                high = room
+                while low < high:  # the curve never falls: the largest n with c(streams + n) <= 2 c(streams)
+                    middle = (low + high + 1) // 2
+                    if curve.seconds(streams + middle) <= 2.0 * plain_s:
+                        low = middle
+                    else:
+                        high = middle - 1
+            self._piece_memo[key] = low
+        return self._piece_memo[key]
 
     def _longest_piece_within(self, seconds: float, rounds_of: int | None = None) -> int | None:
         """The largest n (ROUND_TOKENS to ALONE_PIECE_TOKENS) with c(n) <= `seconds` on the timed curve, or
@@ -772,6 +815,7 @@ class DeviceQueue:
         pieces = [(item, planned) for item, planned in members if item.rest is not None]
         for item, planned in pieces:
             item.piece_tokens, item.piece_s = len(planned.share.tokens), forward_s
+            item.piece_shared = len(members) > 1
         if not pieces:
             self._round_s = forward_s if self._round_s is None else \
                 ROUND_MEMORY * self._round_s + (1 - ROUND_MEMORY) * forward_s

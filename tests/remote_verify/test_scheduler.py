@@ -709,6 +709,75 @@ def test_a_prompt_of_about_one_piece_goes_whole_not_a_piece_and_a_tail(llamacpp_
         assert pieces[0] <= 80, pieces  # a piece of about 60
 
 
+def _early_rising_curve():
+    """A queue's cost curve like the RTX 3090's serving an 8B model with llama.cpp (benchmarks/emulation/profiles/
+    rtx3090-llamacpp-8b-q4.toml, in ms): dear up to 8 tokens, then nearly flat. A piece against one round
+    alone (two passes of 5 tokens) is about 42 tokens; beside sixteen streams (a pass of 16 tokens, 16 ms) a
+    pass may take 32 ms, about 108 tokens more."""
+    from remote_verify.pass_costs import PassCosts
+
+    costs = PassCosts()
+    for n, ms in ((1, 6.4), (2, 7.17), (4, 8.51), (8, 13.76), (16, 16.0), (32, 18.1), (64, 22.9), (128, 32.5)):
+        costs.observe(n, ms / 1000)
+    costs.observe = lambda *args, **kwargs: None  # the curve stays as given
+    return costs
+
+
+@pytest.mark.parametrize("streams, whole", [(16, True), (2, False)])
+def test_a_prompt_beside_many_streams_takes_the_room_their_pass_leaves(llamacpp_target, streams, whole):
+    """Beside sixteen streams on a curve that rises early and then flattens, a 150-token prompt goes whole in
+    one pass: its pass costs less than two of theirs. Priced against one round alone it went in pieces of
+    about 42 tokens, one every other pass, and on the emulated RTX 3090 at 64 users prompts came faster than
+    that read them (the first token's p99 over a second, in both modes). Beside two streams, pieces of about
+    42 still."""
+    names = "abcdefghijklmnopq"[:streams] + "P"
+    backend = RecordingBackend(llamacpp_target)
+    sessions = _sessions(backend, names)
+    made: dict[str, list[int]] = {name: [] for name in names}
+    queue = DeviceQueue("beside-test", costs=_early_rising_curve())
+    stream = partial(_stream, sessions, queue, made)
+
+    async def main() -> None:
+        streaming = [asyncio.ensure_future(stream(name, [5, 6, 7 + i], 40)) for i, name in enumerate(names[:-1])]
+        while min(len(made[name]) for name in names[:-1]) < 3:
+            await asyncio.sleep(0.001)
+        await stream("P", [(7 * i) % 300 + 1 for i in range(150)], 2)
+        await asyncio.gather(*streaming)
+
+    _, pieces = _run_and_find_pieces(main, queue, sessions, backend, "P")
+    if whole:
+        assert pieces[0] == 150, pieces
+    else:
+        assert 30 <= pieces[0] <= 50, pieces
+
+
+def test_a_pieces_price_beside_streams_never_falls_below_one_rounds():
+    """Beside many streams a piece may cost what their pass costs (by the curve of passes of as many members),
+    within the room their own tokens leave in the pass's budget; where that is less than a piece priced against
+    one round alone (a CPU's curve, which rises with every token), the piece is that one."""
+    from remote_verify.pass_costs import PassCosts
+
+    gpu = DeviceQueue(name="beside-price", costs=_early_rising_curve())
+    costs = PassCosts()
+    for n, seconds in ((1, 0.102), (5, 0.360), (9, 0.616)):
+        costs.observe(n, seconds)
+    cpu = DeviceQueue(name="beside-price-cpu", costs=costs)
+    try:
+        alone = gpu._measured_piece_tokens()
+        assert 38 <= alone <= 46, alone
+        gpu._plain_beside = 16
+        assert 100 <= gpu._measured_piece_tokens() <= 116, gpu._measured_piece_tokens()
+        gpu._piece_memo.clear()
+        gpu._plain_beside = 64  # 2 x c(64) leaves room for about 150; the pass's budget (260: 4 a member) for 196,
+        assert gpu._measured_piece_tokens() == 130  # a piece and a half of 130
+        cpu_alone = cpu._measured_piece_tokens()
+        cpu._plain_beside = 8
+        assert cpu._measured_piece_tokens() == cpu_alone
+    finally:
+        gpu.shutdown()
+        cpu.shutdown()
+
+
 def test_a_deep_prefills_later_pieces_are_sized_by_their_own_time():
     """A prefill's piece that took four times a pass of rounds (deep in a long history, where the
     token-keyed curve underprices it) makes its next piece a quarter as long; one that took half
@@ -722,6 +791,9 @@ def test_a_deep_prefills_later_pieces_are_sized_by_their_own_time():
         queue._seen["other"] = time.monotonic()  # another session sent a round just now
         item = _Item(work=None, future=None, loop=None, cut=True, piece_tokens=16, piece_s=0.004)
         assert queue._cut_limit(item, 16, "p") == 4
+        item.piece_shared = True  # rounds were in that pass: they waited 3 ms more, not 4
+        assert queue._cut_limit(item, 16, "p") == 5
+        item.piece_shared = False
         item.piece_s = 0.0005
         assert queue._cut_limit(item, 16, "p") == 32
         queue._seen.clear()  # nobody else for a while
