@@ -271,19 +271,20 @@ def test_users_split_over_worker_processes_finish_the_recorded_paths(tiny, tiny_
 
 def test_paced_users_begin_a_reply_every_so_often_and_their_speed_over_replies_is_reported(tiny, tiny_recording,
                                                                                           tmp_path):
-    """`--reply-every 0.5`: a user's replies of 8 tokens (a few dozen ms each here; without it, a dozen or
-    more begin in the window) begin half a second apart, so the 1-second window holds two or three; its
+    """`--reply-every 0.5`: a user's replies of 8 tokens (a few dozen ms each here; without it, two dozen or
+    more begin in the window) begin half a second apart, so the 2-second window holds three to five (four on
+    time; a 1-second window held one, not two, once while the suite's other tests took both cores); its
     speed over them is its replies' tokens over their time."""
     out = tmp_path / "paced.json"
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.load", "--emulate", "a100-qwen2.5-1.5b", "--users", "1", "--rtt-ms", "14",
-         "--modes", "server", "--kinds", "code", "--max-tokens", "8", "--seconds", "1", "--reply-every", "0.5",
+         "--modes", "server", "--kinds", "code", "--max-tokens", "8", "--seconds", "2", "--reply-every", "0.5",
          "--recording", str(tiny_recording), "--vocab", str(tiny.draft), "--json", str(out)],
         capture_output=True, text=True, cwd=REPO, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert done.returncode == 0, done.stderr[-2000:]
     [record] = json.loads(out.read_text())
     assert record["pace_s"] == 0.5 and record["errors"] == [], record
-    assert 2 <= record["first_tokens"] <= 3, record["first_tokens"]
+    assert 3 <= record["first_tokens"] <= 5, record["first_tokens"]
     began = {k for _, k, _ in record["first_token_by_reply"]}
     walls = [(wall, tokens) for _, k, wall, tokens in record["replies"] if k in began]
     assert record["reply_rates"] == [pytest.approx(sum(t for _, t in walls) / sum(w for w, _ in walls), rel=0.01)]
