@@ -23,9 +23,9 @@ pass of many streams has room for a long piece: sized against one round alone, a
 read fewer prompt tokens than users brought); each later one is sized by what the prefill's last piece
 added to the rounds' wait, to add about PIECE_ROUNDS passes of rounds (deep in a long history a token
 costs more than a curve keyed by tokens says); alone, a piece is as long as llama.cpp's batch
-(ALONE_PIECE_TOKENS), or what takes ALONE_PIECE_S where a batch takes longer (a CPU: a newcomer waits for it). A feed of
-UNCUT_TOKENS or fewer (a new reply's short prompt) is never cut, nor one of at most a piece and a half
-(WHOLE_PIECES): cut, its tail waited a turn of its own, two passes more for its first token (the emulated
+(ALONE_PIECE_TOKENS), or what takes ALONE_PIECE_S where a batch takes longer (a CPU: a newcomer waits for
+it). A feed of UNCUT_TOKENS or fewer (a new reply's short prompt) is never cut, nor one of at most a
+piece and a half (WHOLE_PIECES): cut, its tail waited a turn of its own, two passes more for its first token (the emulated
 7B at 64 users: a prompt of 115 tokens went as 108 and 7; taken whole, the first token's p99 at the
 client fell from 0.101 to 0.082 s server-only, from 0.157 to 0.106 s in the default mode). And a round goes before a piece
 that is due by charge, once (ROUND_PASSES_BEFORE_A_PIECE), so a round waits behind the one piece
@@ -532,16 +532,8 @@ class DeviceQueue:
             plain_s = curve.seconds(streams)
             room = int(min(ALONE_PIECE_TOKENS, (self.budget(streams + 1) - streams) / WHOLE_PIECES)) \
                 if self.batch_tokens else 0
-            low = 0
-            if plain_s is not None and room > 0:
-                high = room
-                while low < high:  # the curve never falls: the largest n with c(streams + n) <= 2 c(streams)
-                    middle = (low + high + 1) // 2
-                    if curve.seconds(streams + middle) <= 2.0 * plain_s:
-                        low = middle
-                    else:
-                        high = middle - 1
-            self._piece_memo[key] = low
+            self._piece_memo[key] = 0 if plain_s is None or room <= 0 else \
+                _largest_within(lambda n: curve.seconds(streams + n) <= 2.0 * plain_s, 0, room)
         return self._piece_memo[key]
 
     def _longest_piece_within(self, seconds: float, rounds_of: int | None = None) -> int | None:
@@ -558,14 +550,8 @@ class DeviceQueue:
             bound = None
             if alone.known:
                 bound = seconds * alone.seconds(rounds_of) if rounds_of else seconds
-            low, high = ROUND_TOKENS, ALONE_PIECE_TOKENS
-            while bound is not None and low < high:  # the curve never falls: the largest n with c(n) <= bound
-                middle = (low + high + 1) // 2
-                if alone.seconds(middle) <= bound:
-                    low = middle
-                else:
-                    high = middle - 1
-            self._piece_memo[key] = low if bound is not None else None
+            self._piece_memo[key] = None if bound is None else \
+                _largest_within(lambda n: alone.seconds(n) <= bound, ROUND_TOKENS, ALONE_PIECE_TOKENS)
         return self._piece_memo[key]
 
     def _note_seen(self, session: Hashable) -> None:
@@ -863,6 +849,17 @@ class DeviceQueue:
                 item.loop.call_soon_threadsafe(_settle, item.future, result, error, queued_s)
         except RuntimeError:  # the event loop has already closed: nobody is waiting
             log.debug("dropped a result for a closed event loop")
+
+
+def _largest_within(fits: Callable[[int], bool], low: int, high: int) -> int:
+    """The largest n from `low` to `high` that `fits` (a bound on a cost curve, which never falls), or `low`."""
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def _shares_with(head: Any, work: Shareable) -> bool:
