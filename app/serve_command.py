@@ -70,8 +70,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "pass's goodput alone (more in all, where round trips are long, and some users slower "
                        "than a plain stream)")
     serve.add_argument("--first-token-room", type=float, default=float(env("SPECWIRE_FIRST_TOKEN_ROOM", FIRST_TOKEN_ROOM)),
-                       metavar="R", help="with --fair-passes: a pass that makes a reply's first token may cost up to "
-                       "1 + R times the plain pass (the members' own tokens, no guesses); 0: no guess lengthens it, a "
+                       metavar="R", help="with --fair-passes: a pass that makes a reply's first token, or that a program's next "
+                       "request is due to land in, may cost up to 1 + R times the plain pass (the members' own tokens, "
+                       "no guesses); 0: no guess lengthens it, a "
                        "first token as soon as a plain stream's, at some throughput where replies begin in most "
                        "passes (default: %(default)s)")
     serve.add_argument("--trace-passes", type=Path, metavar="FILE",

@@ -47,6 +47,12 @@ starts in almost every pass: guesses all but stopped. None at all, once a prompt
 whole, took the emulated 7B's first token at 64 users to 1.13x server-only's at p99, from 1.20x, and
 cost the 70B at 32 users its aggregate, 2.25x to 1.98x: docs/results.md. The default keeps the
 aggregate; a service whose users want first tokens most takes 0.)
+The pass a new reply's request is due to land in (a program that asks the moment each reply ends: its request
+comes a round trip into the pass after the last, and waits out the rest of it) is held to the same room by the
+queue, where the habits say so (remote_verify/plain_load.py `due`): at a room of 1, those passes and the first
+tokens' own cost about 1.4x the plain pass on the emulated 32B at 32 users, and its first token read 1.9x
+server-only's at the median; at 0.2 with that pass held, 1.3x (its long prompts' tail, 1.7x at p99, not yet:
+docs/results.md). At 0.2 the 70B at 32 users lost a tenth of its aggregate: the default stays 1.
 A prompt too long to go whole is read a piece every other pass, and every pass until its first token
 delays it: while one is, no member's room exceeds PREFILL_ROOM (the queue applies it).
 Its place in a pass is never taken by guesses: the queue fits members by the tokens they must

@@ -38,6 +38,12 @@ The same habits say what a reply that ends a pass sooner gives the others (`free
 a kept guess: pass_ledger.py): a user on a schedule is out of the passes a pass longer; one who asks a gap
 after each reply asks sooner too, and spends less of its time in replies only by its gap's share.
 
+The same habits say when a request is due (`due`): a session that asks a steady while after each reply ends
+(its request's arrival, from its last pass's end) is expected that while after its last reply's end. A program
+that asks the moment a reply ends lands its request a round trip into the pass after that reply's last pass, and
+its first token waits out the rest of that pass: the queue holds such a pass to a first token's room
+(remote_verify/scheduler.py). A reader's while spreads over seconds; no pass is held for it.
+
 A session seen for its first reply only counts where it is a member now; one quiet for longer than its
 usual gap counts that much more gap, and is forgotten after FORGET_CYCLES of its own cycles.
 """
@@ -54,6 +60,7 @@ ITERATIONS = 8  # steps of the fixed point (each moves it by the curve's slope: 
 SCHEDULE_REPLIES = 2  # gaps seen before a session may be taken to ask on a schedule (two: from its third reply)
 STEADIER = 0.5  # ... where its cycles' spread is under this times its gaps'
 STEADY_GAP = 0.01  # ... and its gaps spread by more than this part of a cycle (a closed loop's do not)
+DUE_SPREADS = 2.0  # a request is expected within this many deviations of its session's usual while (`due`)
 
 
 @dataclass
@@ -84,6 +91,7 @@ class Habit:
     tokens: Spread = field(default_factory=Spread)  # a reply's tokens
     gap: Spread = field(default_factory=Spread)  # seconds from a reply's last pass to the next one's first
     cycle: Spread = field(default_factory=Spread)  # seconds from a reply's first pass to the next one's
+    ask: Spread = field(default_factory=Spread)  # seconds from a reply's last pass to the next request's arrival
     current: float = 0.0  # tokens made in the reply under way
     decoding: bool = False  # its last pass made a reply's token (not a prompt's piece or first token)
     last_start: float | None = None  # when the reply under way began (time.perf_counter)
@@ -113,15 +121,19 @@ class PlainLoad:
     def __init__(self) -> None:
         self._habits: dict[Hashable, Habit] = {}
 
-    def member(self, session: Hashable, starting: bool, made: float, began: float, ended: float) -> None:
+    def member(self, session: Hashable, starting: bool, made: float, began: float, ended: float,
+               came: float | None = None) -> None:
         """`session` was in a pass from `began` to `ended` and made `made` tokens in it; `starting`: the
-        pass fed its prompt (or a piece of it) before the reply's first token."""
+        pass fed its prompt (or a piece of it) before the reply's first token; `came`: when the request this
+        pass serves reached the queue (None: not known)."""
         habit = self._habits.setdefault(session, Habit())
         if starting and (habit.decoding or habit.last_start is None):  # a reply begins
             if habit.decoding and habit.last_end is not None and habit.last_start is not None:
                 habit.tokens.add(habit.current)
                 habit.gap.add(max(0.0, began - habit.last_end))
                 habit.cycle.add(max(0.0, began - habit.last_start))
+                if came is not None and came >= habit.last_end:
+                    habit.ask.add(came - habit.last_end)
             habit.current = 0.0
             habit.last_start = began
         habit.decoding = not starting
@@ -144,6 +156,23 @@ class PlainLoad:
             return 1.0
         cycle = habit.reply_s + habit.gap.mean
         return habit.gap.mean / cycle if cycle > 0 else 0.0
+
+    def due(self, busy: set[Hashable], start: float, end: float) -> bool:
+        """Whether a new reply's request is expected to reach the queue from `start` to `end` (a pass about to
+        run): that of a session between replies (not in `busy`) that asks a steady while after each reply
+        ends (a program that asks the moment one ends, behind its round trip), the while's spread within the
+        pass. A reader's while spreads over seconds: which pass its request lands in is anybody's guess."""
+        for session, habit in self._habits.items():
+            if (session in busy or not habit.decoding or habit.last_end is None or not habit.ask.count
+                    or habit.scheduled):
+                continue
+            spread = DUE_SPREADS * habit.ask.deviation
+            if spread > end - start:
+                continue
+            expected = habit.last_end + habit.ask.mean
+            if start - spread <= expected <= end + spread:
+                return True
+        return False
 
     def streams(self, members: set[Hashable], pass_s: Callable[[int], float | None], now: float) -> float:
         """Server-only's plain streams at once under the users seen, at least len(members); `pass_s(n)`: the

@@ -75,7 +75,10 @@ server-only would run under the same users: the members, and where users read be
 further streams its longer replies would keep open (remote_verify/plain_load.py), each priced as a member of
 the pass costs, its sequence's own work and not its token alone. While a prompt is read in
 pieces (in the pass, or waiting for its next) no room exceeds PREFILL_ROOM: every pass until its first token
-delays it, those between its pieces too. Whether on or off, a reply's
+delays it, those between its pieces too. And where a session between replies is due to ask while the pass
+runs (a program that asks the moment each reply ends: its request lands a round trip into the pass after that
+reply's last, and waits out the rest of it; remote_verify/plain_load.py `due`), the pass is held to a first
+token's room, as the pass that makes the token is. Whether on or off, a reply's
 first token is never left out of a pass for guesses: members are fitted by the tokens they must feed.
 """
 
@@ -258,6 +261,7 @@ class DeviceQueue:
         self.plain_streams = 0.0  # ... as last counted (every PLAIN_LOAD_PASSES passes)
         self.trace: PassTrace | None = None  # every pass written down (`specwire serve --trace-passes`)
         self._reply_arrived: dict[Hashable, float] = {}  # while tracing: when each reply's start reached the queue
+        self._came: dict[Hashable, float] = {}  # when each session's work came after it had none waiting (its request)
         self._streams_counted_at: int | None = None  # the pass count then
         # guesses fill only what every member's ledger allows (the service sets it: ServiceConfig.fair_passes,
         # on unless `serve --no-fair-passes`); False: the pass's goodput alone (docs/results.md)
@@ -314,6 +318,7 @@ class DeviceQueue:
             if items is None:
                 items = self._waiting[session] = deque()
                 self._turns.append(session)
+                self._came.setdefault(session, item.arrived)  # kept until a pass serves it (a stream's start runs none)
                 # back from idle: ahead of the busy, by CREDIT_TOKENS at most
                 self._charged[session] = max(self._charged.get(session, float("-inf")), self._clock - CREDIT_TOKENS)
             items.append(item)
@@ -563,6 +568,7 @@ class DeviceQueue:
                     del self._seen[other]
                     self._charged.pop(other, None)
                     self._reply_arrived.pop(other, None)
+                    self._came.pop(other, None)
                     self.ledger.forget(other)
 
     def _take(self, session: Hashable) -> _Item:
@@ -677,14 +683,17 @@ class DeviceQueue:
         # the plain pass, and what one more plain stream adds to it (None, 0: fairness off, or a pass of one)
         plain_s, stream_s = self._plain_s(items, mandatory, costs) if self.fair and len(items) > 1 else (None, 0.0)
         rooms = [self.ledger.room(item.session, starting) for item, starting in zip(items, starts)]
+        # a new reply's request expected while this pass runs waits for it: the pass is held to a first token's room
+        due = bool(plain_s) and self._request_due(items, plain_s)
+        due_room = self.ledger.first_token_room if due else float("inf")
         if self._prefill_waiting:  # a first token waits for this pass, in it or after it: a session's first
             rooms = [min(room, PREFILL_ROOM) for room in rooms]  # token is not queued behind others' guesses
         starting_of = {id(item): starting for item, starting in zip(items, starts)}
-        # a first token waits for this pass (its own, or a prompt's pieces waiting): those rooms are held against
-        # the pass as it is, and no member's guesses are credited with what they free later
+        # a first token waits for this pass (its own, a prompt's pieces waiting, or a request due): those rooms are
+        # held against the pass as it is, and no member's guesses are credited with what they free later
         first = [starting or self._prefill_waiting for starting in starts]
         # what each member's kept guess frees in later passes (remote_verify/plain_load.py `freed`), in seconds
-        credits = [0.0 if first[i] or not plain_s else self.plain_load.freed(item.session) * stream_s
+        credits = [0.0 if first[i] or due or not plain_s else self.plain_load.freed(item.session) * stream_s
                    for i, item in enumerate(items)]
         gains: list[float | None] = [None] * len(items)  # planned members' expected kept guesses
         for i, item in enumerate(items):
@@ -694,7 +703,7 @@ class DeviceQueue:
                 others = [(j, rooms[j] + (gains[j] or 0.0)) for j in range(len(items))
                           if j != i and (j > i or gains[j] is not None)]
                 so_far.others_room = min((room for j, room in others if not first[j]), default=float("inf"))
-                so_far.first_room = min((room for j, room in others if first[j]), default=float("inf"))
+                so_far.first_room = min([due_room] + [room for j, room in others if first[j]])
                 if first[i]:  # its own room is a first token's: held against the pass as it is
                     so_far.first_room = min(so_far.first_room, rooms[i])
                     so_far.credit_s = so_far.guess_credit_s = 0.0
@@ -738,8 +747,10 @@ class DeviceQueue:
                     value, error = _attempt(planned.finish, result, forward_s)
                     made = planned.made[-1] if planned.made else planned.expected
                     made_by.append((item, made))
+                    came = self._came.pop(item.session, None)
                     if self.fair:
-                        _keep_books(self.plain_load.member, item.session, starting_of[id(item)], made, began, ended)
+                        _keep_books(self.plain_load.member, item.session, starting_of[id(item)], made, began, ended,
+                                    came)
                     self._hand_back(item, value, error, started)
                 if ratio is not None:  # each ledger: what it made against what the plain pass would have, the
                     # pass's cost less what its kept guesses free later
@@ -751,6 +762,16 @@ class DeviceQueue:
         members.clear()
         del items, members, item, planned, error, results, result, value, forward_s, ratio, costs, starting_of
         del credit_of, first_tokens
+
+    def _request_due(self, items: list[_Item], plain_s: float) -> bool:
+        """Whether a session between replies is expected to ask while a pass formed now runs (about `plain_s`):
+        under a program that asks the moment a reply ends, the next request lands a round trip into the pass
+        after that reply's last, and waits out the rest of it."""
+        with self._ready:
+            busy = set(self._waiting)
+        busy.update(item.session for item in items)
+        now = time.perf_counter()
+        return self.plain_load.due(busy, now, now + plain_s)
 
     def _first_tokens(self, items: list[_Item], sizes: list[int], starts: list[bool],
                       members: list[tuple[_Item, Planned]]) -> list[tuple[Hashable, int, float]]:
@@ -814,6 +835,7 @@ class DeviceQueue:
                 log.debug("undo failed: %s", error)
         for item, planned in members:
             self.passes += 1
+            self._came.pop(item.session, None)
             began = time.perf_counter()
             results, error = _attempt(run_passes, item.work.backend, [planned.share])
             value = None

@@ -60,7 +60,7 @@ def guessing_stream(backend, costs: PassCosts) -> tuple[Session, object]:
 def one_shared_pass(backend, fair: bool, other: str, behind: bool, costs: PassCosts | None = None,
                     banked: int = 0, behind_passes: int = 3, readers: int = 0,
                     long_prompt: bool = False, first_token_room: float | None = None,
-                    guesser_reads: bool = False) -> tuple[int, int]:
+                    guesser_reads: bool = False, request_due: bool = False) -> tuple[int, int]:
     """(tokens the shared pass fed, the tokens its members had to feed) for the guessing stream and
     `other` ("plain": a stream one token in, no guesses; "first": a reply's prompt and first token),
     on the queue's cost curve `costs` (a compute-bound device's by default); `banked`: passes in which the
@@ -69,12 +69,16 @@ def one_shared_pass(backend, fair: bool, other: str, behind: bool, costs: PassCo
     (guesses kept), none in this pass; `long_prompt`: a third session's prompt, too long to go whole beside
     the streams, waits to be read in pieces (the pass measured is then the first, before its pieces);
     `first_token_room`: the service's --first-token-room (None: its default); `guesser_reads`: the guesser's
-    own two replies before, of 96 tokens in 0.1 s each, a second apart (a user who leaves between replies)."""
+    own two replies before, of 96 tokens in 0.1 s each, a second apart (a user who leaves between replies);
+    `request_due`: a session between replies is expected to ask while the pass runs (the habits' clock stands
+    in: which pass a request lands in is the unit tests' of remote_verify/plain_load.py)."""
     costs = costs if costs is not None else compute_bound()
     queue = DeviceQueue("fair-test", costs=costs)
     queue.fair = fair
     if first_token_room is not None:
         queue.ledger.first_token_room = first_token_room
+    if request_due:
+        queue.plain_load.due = lambda busy, start, end: "guesser" in busy and "plain" in busy
     guesser, guessing = guessing_stream(backend, costs)
     plain = Session(backend, SamplingParams(), seed=2, limits=SessionLimits())
     plain.start_generation(Generate(seq=1, committed_len=0, append=[4, 5, 6, 7]))
@@ -273,3 +277,16 @@ def test_a_kept_guess_is_credited_with_the_place_it_frees_in_a_later_pass(backen
     fed_planted, _ = one_shared_pass(backend, fair=True, other="plain", behind=True, behind_passes=1,
                                      costs=member_work_curve(), guesser_reads=True)
     assert fed == mandatory + 12 and fed_planted < fed, (fed_planted, fed, mandatory)
+
+
+def test_a_pass_a_new_replys_request_is_due_to_land_in_is_held_to_a_first_tokens_room(backend):
+    """A program that asks the moment a reply ends lands its request a round trip into the pass after that
+    reply's last, and waits out the rest of it: under `--first-token-room 0.2` that pass costs at most 1.2
+    times the plain pass, where the plain stream's even ledger alone lets it cost 1 + SLACK (planted: the
+    rule off, the same pass takes those guesses, as the second pass below does with no request due)."""
+    costs, room = compute_bound(), 0.2
+    fed, mandatory = one_shared_pass(backend, fair=True, other="plain", behind=False, request_due=True,
+                                     first_token_room=room)
+    assert costs.seconds(fed) <= (1 + room) * costs.seconds(mandatory) + 1e-9
+    fed_alone, _ = one_shared_pass(backend, fair=True, other="plain", behind=False, first_token_room=room)
+    assert costs.seconds(fed_alone) > (1 + room) * costs.seconds(mandatory)

@@ -130,3 +130,40 @@ def test_a_prompt_in_pieces_is_one_reply_start():
     habit = load._habits["user"]
     assert habit.tokens.mean == 10
     assert habit.gap.mean == pytest.approx(2.0) and habit.cycle.mean == pytest.approx(2.1)
+
+
+def asking(load: PlainLoad, session, asks_s, start: float = 0.0, wait_s: float = 0.005) -> float:
+    """Replies each asked `asks_s[i]` after the last ended, its request reaching the queue then and its first
+    pass beginning `wait_s` later (the rest of the pass it landed in); returns the last reply's end."""
+    ended = start
+    for i, ask_s in enumerate(asks_s):
+        came = ended + ask_s
+        began = came + wait_s
+        tokens = LENGTHS[i % len(LENGTHS)]
+        load.member(session, True, 1.0, began, began + TOKEN_S, came)
+        for step in range(1, tokens):
+            load.member(session, False, 1.0, began + TOKEN_S * step, began + TOKEN_S * (step + 1))
+        ended = began + TOKEN_S * tokens
+    return ended
+
+
+def test_a_program_that_asks_a_round_trip_after_each_reply_is_due_in_the_pass_after_its_last():
+    """A closed loop behind a 14 ms round trip: once a reply's request has come 14 ms after the last one ended,
+    the pass formed as the next reply ends (20 ms long) is due to see its request land; a pass formed later, or
+    one while the session is in the queue, is not."""
+    load = PlainLoad()
+    ended = asking(load, "agent", [0.014, 0.014, 0.0145])
+    assert load.due(set(), ended, ended + 0.020)
+    assert not load.due({"agent"}, ended, ended + 0.020)  # its request is here: no longer expected
+    assert not load.due(set(), ended + 0.040, ended + 0.060)  # overdue by far more than its while ever spread
+    assert not load.due(set(), ended - 0.050, ended - 0.040)  # long before
+
+
+def test_a_reader_and_a_newcomer_are_never_due():
+    """A user who reads 0.3 to 2.5 s between replies: which pass its request lands in cannot be said, and a
+    pass is not held to a first token's room for it; nor for a session whose habit is not yet known."""
+    load = PlainLoad()
+    ended = asking(load, "reader", [0.3, 2.5, 0.9, 1.6])
+    assert all(not load.due(set(), ended + at, ended + at + 0.020) for at in (0.0, 0.3, 0.9, 1.3, 2.0))
+    first = asking(load, "new", [0.014])
+    assert not load.due(set(), first, first + 0.020)
