@@ -260,8 +260,9 @@ class DeviceQueue:
         self.plain_load = PlainLoad()  # the plain streams server-only would run under these users (the ledger's)
         self.plain_streams = 0.0  # ... as last counted (every PLAIN_LOAD_PASSES passes)
         self.trace: PassTrace | None = None  # every pass written down (`specwire serve --trace-passes`)
-        self._reply_arrived: dict[Hashable, float] = {}  # while tracing: when each reply's start reached the queue
-        self._came: dict[Hashable, float] = {}  # when each session's work came after it had none waiting (its request)
+        # when each session's work came after it had none waiting (a request: a reply's start, a round), until the
+        # pass that serves it has run (a stream's start runs none; a prompt's pieces, until the last)
+        self._came: dict[Hashable, float] = {}
         self._streams_counted_at: int | None = None  # the pass count then
         # guesses fill only what every member's ledger allows (the service sets it: ServiceConfig.fair_passes,
         # on unless `serve --no-fair-passes`); False: the pass's goodput alone (docs/results.md)
@@ -318,7 +319,7 @@ class DeviceQueue:
             if items is None:
                 items = self._waiting[session] = deque()
                 self._turns.append(session)
-                self._came.setdefault(session, item.arrived)  # kept until a pass serves it (a stream's start runs none)
+                self._came.setdefault(session, item.arrived)
                 # back from idle: ahead of the busy, by CREDIT_TOKENS at most
                 self._charged[session] = max(self._charged.get(session, float("-inf")), self._clock - CREDIT_TOKENS)
             items.append(item)
@@ -567,7 +568,6 @@ class DeviceQueue:
                 if now - seen > ACTIVE_S and other not in self._waiting:
                     del self._seen[other]
                     self._charged.pop(other, None)
-                    self._reply_arrived.pop(other, None)
                     self._came.pop(other, None)
                     self.ledger.forget(other)
 
@@ -658,8 +658,6 @@ class DeviceQueue:
 
     def _run_alone(self, item: _Item) -> None:
         started = time.perf_counter()
-        if self.trace is not None and isinstance(item.work, Bookkeeping):  # a stream's start: its reply's arrival
-            self._reply_arrived[item.session] = item.arrived
         result, error = _attempt(item.work)
         self._hand_back(item, result, error, started)
         del item, result, error
@@ -747,7 +745,7 @@ class DeviceQueue:
                     value, error = _attempt(planned.finish, result, forward_s)
                     made = planned.made[-1] if planned.made else planned.expected
                     made_by.append((item, made))
-                    came = self._came.pop(item.session, None)
+                    came = self._came.get(item.session) if item.rest is not None else self._came.pop(item.session, None)
                     if self.fair:
                         _keep_books(self.plain_load.member, item.session, starting_of[id(item)], made, began, ended,
                                     came)
@@ -778,7 +776,7 @@ class DeviceQueue:
         """For the trace: (session, prompt tokens, when its request came) of each member whose reply's first token
         this pass makes (its prompt whole, or its last piece)."""
         planned = {id(item) for item, _ in members}
-        return [(item.session, size, self._reply_arrived.pop(item.session, item.arrived))
+        return [(item.session, size, self._came.get(item.session, item.arrived))
                 for item, size, starting in zip(items, sizes, starts)
                 if starting and item.rest is None and id(item) in planned]
 
