@@ -659,7 +659,7 @@ def _gpu_like_curve():
 
 def test_a_prompts_pieces_are_charged_by_their_cost_so_they_come_every_few_passes(llamacpp_target):
     """On a GPU-like curve (a pass of 60 tokens about twice one of 1), a 300-token prompt goes in pieces
-    of at most about 60 while three streams go on, and its pieces come every other pass or so: a piece
+    (the first of at most about 60) while three streams go on, and its pieces come every other pass or so: a piece
     is charged its cost, not its tokens (charged 60, the session waited 54 passes for the streams to
     feed 60 tokens each, a pass at a time, before its next piece)."""
     costs = _gpu_like_curve()
@@ -679,7 +679,10 @@ def test_a_prompts_pieces_are_charged_by_their_cost_so_they_come_every_few_passe
         await asyncio.gather(*streaming)
 
     p_passes, pieces = _run_and_find_pieces(main, queue, sessions, backend, "p")
-    assert len(pieces) >= 4 and max(pieces) <= 80, pieces  # in pieces of about 60
+    # in pieces: the first priced by the curve (about 60), each later one by the timing of the one before, at most
+    # twice it (`_cut_limit`: measured on this machine's cores, 30 to 45 tokens quiet, up to 81 in a busy suite)
+    assert len(pieces) >= 4 and pieces[0] <= 80, pieces
+    assert all(later <= 2 * earlier for earlier, later in zip(pieces, pieces[1:])), pieces
     gaps = [later - earlier for earlier, later in zip(p_passes, p_passes[1:])]
     assert max(gaps) <= 4, (p_passes, pieces)  # a piece every other pass or so, while the streams go on
 
