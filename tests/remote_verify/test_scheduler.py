@@ -680,9 +680,10 @@ def test_a_prompts_pieces_are_charged_by_their_cost_so_they_come_every_few_passe
 
     p_passes, pieces = _run_and_find_pieces(main, queue, sessions, backend, "p")
     # in pieces: the first priced by the curve (about 60), each later one by the timing of the one before, at most
-    # twice it (`_cut_limit`: measured on this machine's cores, 30 to 45 tokens quiet, up to 81 in a busy suite)
+    # twice it (`_cut_limit`: measured on this machine's cores, 30 to 45 tokens quiet, 3 to 92 in a busy suite),
+    # or by the curve again where a piece has no timing to go by (the streams idle a moment on a busy machine)
     assert len(pieces) >= 4 and pieces[0] <= 80, pieces
-    assert all(later <= 2 * earlier for earlier, later in zip(pieces, pieces[1:])), pieces
+    assert all(later <= max(2 * earlier, 80) for earlier, later in zip(pieces, pieces[1:])), pieces
     gaps = [later - earlier for earlier, later in zip(p_passes, p_passes[1:])]
     assert max(gaps) <= 4, (p_passes, pieces)  # a piece every other pass or so, while the streams go on
 
