@@ -78,6 +78,7 @@ from benchmarks.emulation.profiles import load_drafter_profile, load_target_prof
 from benchmarks.emulation.recording import DEFAULT_RECORDING
 from benchmarks import service_level
 from benchmarks.paired_resampling import percentile_ratio_interval
+from benchmarks.pass_trace_report import mark_window
 from benchmarks.service_level import percentile
 from benchmarks.emulation.serve import start_emulated_service
 
@@ -355,6 +356,8 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
                 if thin_acceptance is not None and mode != "server":
                     label += f" (guesses thinned to {thin_acceptance:g})"
                 label = f"{label} (what-if)" if what_if else label
+                if trace_passes is not None:  # the report reads the window's passes, as this reads its replies
+                    mark_window(trace_passes, *window, mode=mode, users=users, rtt_ms=rtt)
                 record = summarize(records, window, busy, users, mode, rtt, label, time_scale, pace_s, lateness)
                 record.client_processes = workers
                 record.warm_up_s = warm_up_of(seconds, pace_s, warm_up_s)
@@ -491,7 +494,8 @@ def add_arguments(parser) -> None:
     group.add_argument("--trace-passes", type=Path, metavar="FILE",
                        help="with --emulate: the service writes every pass to FILE (specwire serve --trace-passes); "
                        "python -m benchmarks.pass_trace_report FILE --time-scale F reads it (a mode a run: the file "
-                       "holds every wave's passes, warm-ups too)")
+                       "holds every wave's passes, warm-ups too; each wave's measured window is marked in it, and "
+                       "the report reads those)")
     group.add_argument("--capacity", action="store_true",
                        help="with --emulate: instead of every count in --users, the users served at the service "
                        "level per round trip and mode, searched from the first count in --users (doubling, "

@@ -1,6 +1,6 @@
 """Where a service's first tokens waited, read from its pass trace (`specwire serve --trace-passes FILE`).
 
-    python -m benchmarks.pass_trace_report FILE [--time-scale F] [--json]
+    python -m benchmarks.pass_trace_report FILE [--time-scale F] [--json] [--mode M | --everything]
 
 Each reply's first token, from its request reaching the queue to the end of the pass that made it, is
 split four ways: the rest of the pass running when the request came, the passes it waited out (begun
@@ -11,7 +11,14 @@ times are its device's times `--time-scale` times over: they are divided back.
 
 Also the device thread's time from each pass's end to the next one's start (forming the next pass, handing
 back the last one's results), in this machine's own ms: not divided, because on a real device the device
-waits that long whatever the emulation's scale.
+waits that long whatever the emulation's scale; and how many first tokens a pass made, and a second: under
+a closed loop a mode that finishes replies sooner is asked more prompts, and where nearly every pass makes
+one, a first token waits about two passes, whatever their room.
+
+`benchmarks.load --trace-passes` marks each wave's measured window in the file (a `{"window": [start,
+end], ...}` line, on the same monotonic clock); where the file has such marks, only the passes that began
+and the first tokens whose requests came within one are read, as the benchmark's own figures are (a
+warm-up's first wave, every user's prompt at once, would otherwise weigh on every mean).
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ class Pass:
 
 @dataclass
 class FirstToken:
+    arrived: float  # when its request reached the queue
     seconds: float  # from its request reaching the queue to the end of the pass that made it
     running_s: float  # the rest of the pass running when it came
     waited_passes: int  # passes begun after it came and before its own
@@ -57,12 +65,37 @@ class FirstToken:
 def read(path: Path) -> list[Pass]:
     """The trace's passes in the order they began (a line that is not a pass is skipped)."""
     passes = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        record = json.loads(line)
+    for record in _records(path):
         if "pass" in record:
             passes.append(Pass(record["pass"], record["s"], record["members"], record["tokens"], record["own"],
                                record.get("budget"), record.get("plain_s"), record.get("first", [])))
     return sorted(passes, key=lambda each: each.began)
+
+
+def read_windows(path: Path, mode: str | None = None) -> list[tuple[float, float]]:
+    """The measured windows marked in the trace (`mark_window`), in the order written: every wave's, or
+    `mode`'s (a run of both modes writes both into one trace)."""
+    return [tuple(record["window"]) for record in _records(path)
+            if "window" in record and (mode is None or record.get("mode") == mode)]
+
+
+def mark_window(path: Path, start: float, end: float, **about) -> None:
+    """Add a wave's measured window (time.perf_counter values: one monotonic clock for every process on the
+    machine, the service's too) to the trace at `path`, with what the wave was (`about`: its mode, users).
+    The service appends its passes to the same file a line at a time; this line is appended whole too."""
+    with Path(path).open("a", encoding="utf-8") as file:
+        file.write(json.dumps({"window": [start, end], **about}, separators=(",", ":")) + "\n")
+
+
+def in_windows(t: float, windows: list[tuple[float, float]]) -> bool:
+    """Whether `t` falls in one of `windows` (every time does where there are none)."""
+    return not windows or any(start <= t < end for start, end in windows)
+
+
+def _records(path: Path):
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            yield json.loads(line)
 
 
 def first_tokens(passes: list[Pass]) -> list[FirstToken]:
@@ -76,25 +109,37 @@ def first_tokens(passes: list[Pass]) -> list[FirstToken]:
             waited = passes[bisect.bisect_left(starts, arrived):index]
             waited = [each for each in waited if each is not running]
             found.append(FirstToken(
-                seconds=made.ended - arrived, running_s=running.ended - arrived if running else 0.0,
+                arrived=arrived, seconds=made.ended - arrived, running_s=running.ended - arrived if running else 0.0,
                 waited_passes=len(waited), waited_s=sum(each.seconds for each in waited), own_s=made.seconds,
                 prompt=prompt, own_over_plain=made.seconds / made.plain_s if made.plain_s else None))
     return found
 
 
-def summary(passes: list[Pass], time_scale: float = 1.0) -> dict:
-    """The passes and the first tokens in figures, times in the device's ms (between passes: this machine's)."""
+def summary(passes: list[Pass], time_scale: float = 1.0, windows: list[tuple[float, float]] = ()) -> dict:
+    """The passes and the first tokens in figures, times in the device's ms (between passes: this machine's):
+    of the passes begun and the first tokens asked in `windows` (all, where none)."""
     ms = 1000.0 / time_scale
-    between = [max(0.0, later.began - each.ended) * 1000.0 for each, later in zip(passes, passes[1:])]
-    firsts = sorted(first_tokens(passes), key=lambda each: each.seconds)
+    counted = [each for each in passes if in_windows(each.began, windows)]
+    between = [max(0.0, later.began - each.ended) * 1000.0 for each, later in zip(passes, passes[1:])
+               if in_windows(each.began, windows) and in_windows(later.began, windows)]
+    # a first token's split reads the passes around it, whether or not they began in a window
+    firsts = sorted((each for each in first_tokens(passes) if in_windows(each.arrived, windows)),
+                    key=lambda each: each.seconds)
     tail = firsts[-max(1, int(round(len(firsts) * TAIL))):] if firsts else []
+    span_s = sum(end - start for start, end in windows) if windows else \
+        (passes[-1].ended - passes[0].began if passes else 0.0)
+    device_s = span_s / time_scale  # the emulated device's seconds the figures are over
 
     return {
-        "passes": len(passes),
-        "pass_ms_mean": mean(each.seconds * ms for each in passes),
-        "tokens_a_pass": mean(each.tokens for each in passes),
-        "own_tokens_a_pass": mean(each.own for each in passes),
-        "passes_beyond_budget": sum(1 for each in passes if each.budget is not None and each.own > each.budget),
+        "windows": len(windows),
+        "passes": len(counted),
+        "passes_a_second": len(counted) / device_s if device_s > 0 else 0.0,
+        "first_tokens_a_second": len(firsts) / device_s if device_s > 0 else 0.0,
+        "first_tokens_a_pass": len(firsts) / len(counted) if counted else 0.0,
+        "pass_ms_mean": mean(each.seconds * ms for each in counted),
+        "tokens_a_pass": mean(each.tokens for each in counted),
+        "own_tokens_a_pass": mean(each.own for each in counted),
+        "passes_beyond_budget": sum(1 for each in counted if each.budget is not None and each.own > each.budget),
         "between_passes_p50_ms": percentile(between, 50),  # this machine's ms, not divided by the time scale
         "between_passes_p90_ms": percentile(between, 90),
         "first_tokens": len(firsts),
@@ -129,18 +174,30 @@ def main() -> None:
     parser.add_argument("--time-scale", type=float, default=1.0,
                         help="the emulated service's --time-scale: its times are divided by it (default 1)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("--mode", help="only the windows of the waves of this mode (server, default, ...)")
+    parser.add_argument("--everything", action="store_true",
+                        help="read every pass and first token, where the file marks the benchmark's measured "
+                        "windows (benchmarks.load --trace-passes): by default only those within them")
     args = parser.parse_args()
     if not args.time_scale > 0:
         raise SystemExit(f"--time-scale must be more than 0, got {args.time_scale}")
     if not args.trace.is_file():
         raise SystemExit(f"no pass trace at {args.trace}: write one with specwire serve --trace-passes FILE")
-    said = summary(read(args.trace), args.time_scale)
+    windows = [] if args.everything else read_windows(args.trace, args.mode)
+    if args.mode is not None and not windows:
+        raise SystemExit(f"no measured window of mode {args.mode!r} is marked in {args.trace}: "
+                         f"benchmarks.load --trace-passes marks each wave's")
+    said = summary(read(args.trace), args.time_scale, windows)
     if args.json:
         print(json.dumps(said, indent=1))
         return
     tail = said["tail"]
+    print(f"over {said['windows']} measured windows (the benchmark's)" if windows else
+          "over the whole trace (warm-ups too)")
     print(f"{said['passes']} passes, {said['pass_ms_mean']:.1f} ms and {said['tokens_a_pass']:.0f} tokens on average "
-          f"({said['own_tokens_a_pass']:.0f} the members' own), {said['passes_beyond_budget']} beyond the budget")
+          f"({said['own_tokens_a_pass']:.0f} the members' own), {said['passes_beyond_budget']} beyond the budget; "
+          f"{said['passes_a_second']:.1f} passes and {said['first_tokens_a_second']:.1f} first tokens a second "
+          f"({said['first_tokens_a_pass']:.2f} a pass)")
     print(f"the device thread between passes: p50 {said['between_passes_p50_ms']:.1f} ms, p90 "
           f"{said['between_passes_p90_ms']:.1f} ms of this machine's time (not divided by the time scale)")
     print(f"{said['first_tokens']} first tokens: p50 {said['first_token_p50_ms']:.1f} ms, p99 "

@@ -11,7 +11,9 @@ Each line is one of:
   alone), "first": [[session, prompt tokens, arrived], ...]}`: a shared pass; `first` holds each member
   whose reply's first token this pass made (its prompt's last piece), `arrived` when its request reached
   the queue (a stream's start, where it has one);
-- `{"opened": t}`: the first line, when the file was opened.
+- `{"opened": t}`: the first line, when the file was opened;
+- `{"window": [start, end], "mode": ..., "users": ...}`: a benchmark's measured window, written by
+  `benchmarks.load --trace-passes` (benchmarks/pass_trace_report.py `mark_window`), not by the service.
 
 Times are seconds on the service's monotonic clock (time.perf_counter). Sessions are the queue's keys.
 Written on the device thread, a line a pass (a few microseconds), and only when asked for.

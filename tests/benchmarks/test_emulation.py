@@ -15,6 +15,7 @@ from benchmarks.emulation.profiles import (
     PROFILES_DIR, DrafterProfile, ProfileError, TargetProfile, load_profile, profile_names,
 )
 from benchmarks.emulation.recording import DEFAULT_RECORDING, Recording
+from benchmarks.pass_trace_report import read, read_windows
 from app.bench.prompts import PROMPTS
 from tests.conftest import RunningService, hello_for
 from wire.protocol import SamplingParams
@@ -222,13 +223,14 @@ def test_an_emulated_tree_level_after_a_frame_decodes_the_committed_tokens_in_it
 
 def test_the_capacity_benchmark_writes_labelled_records(tiny, tiny_recording, tmp_path):
     """`benchmarks.load --emulate` at 1 and 2 users: one JSON record per (users, mode), each saying
-    it is emulated and by which profile, every reply the recorded path."""
-    out = tmp_path / "capacity.json"
+    it is emulated and by which profile, every reply the recorded path; with `--trace-passes`, each wave's
+    measured window is marked in the service's trace, where the report reads it."""
+    out, trace = tmp_path / "capacity.json", tmp_path / "passes.jsonl"
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.load", "--emulate", "a100-qwen2.5-1.5b", "--drafter", "laptop-gpu-0.5b",
          "--users", "1,2", "--rtt-ms", "14", "--modes", "default,server", "--kinds", "code,prose",
          "--max-tokens", "24", "--seconds", "1", "--recording", str(tiny_recording), "--vocab", str(tiny.draft),
-         "--json", str(out)], capture_output=True, text=True, cwd=REPO, timeout=600,
+         "--json", str(out), "--trace-passes", str(trace)], capture_output=True, text=True, cwd=REPO, timeout=600,
         env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "EMULATED" in done.stdout
@@ -239,6 +241,11 @@ def test_the_capacity_benchmark_writes_labelled_records(tiny, tiny_recording, tm
         assert record["emulated"].startswith("a100-qwen2.5-1.5b") and record["differing"] == 0, record
         assert record["errors"] == [], record  # a user that failed counts no tokens: say why
         assert record["aggregate_tok_s"] > 0
+    windows = read_windows(trace)
+    assert len(windows) == 4 and all(later[0] >= earlier[1] for earlier, later in zip(windows, windows[1:]))
+    assert all(end - start == pytest.approx(1.0) for start, end in windows)  # --seconds 1, at a time scale of 1
+    passes = read(trace)  # on the service's clock: each window holds passes of its wave
+    assert all(any(start <= each.began < end for each in passes) for start, end in windows), (windows, passes[:3])
     listed = subprocess.run([sys.executable, "-m", "benchmarks.load", "--emulate", "list"], capture_output=True,
                             text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert listed.stdout.split() == profile_names()

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from benchmarks.pass_trace_report import first_tokens, read, summary
+from benchmarks.pass_trace_report import first_tokens, mark_window, read, read_windows, summary
 
 
 def _trace(tmp_path, passes):
@@ -35,3 +35,24 @@ def test_a_first_token_is_split_into_the_running_pass_the_passes_waited_out_and_
     # from one pass's end to the next one's start: 0, 0 and 0.5 s, in this machine's ms (not a tenth)
     assert said["between_passes_p50_ms"] == pytest.approx(0.0, abs=1e-9)
     assert said["between_passes_p90_ms"] == pytest.approx(500.0)
+
+
+def test_the_benchmarks_windows_mark_what_is_read(tmp_path):
+    """With windows marked (`benchmarks.load --trace-passes`), only the passes begun in one and the first
+    tokens asked in one count: a warm-up's first token (asked at 0.5 s) is left out, one asked at 1.5 s is read
+    with the pass running since 1 s though that pass began before the window (1.2 to 5 s, 3.8 device seconds at a
+    time scale of 1): 3 passes, 1 first token, 0.33 a pass."""
+    path = _trace(tmp_path, [(0.0, 1.0, 6, 6, []), (1.0, 1.0, 6, 4, [["w", 9, 0.5]]), (2.0, 1.5, 12, 12, []),
+                             (3.5, 0.5, 6, 6, [["u", 30, 1.5]]), (4.5, 0.5, 6, 4, [])])
+    mark_window(path, 1.2, 5.0, mode="default", users=2)
+    mark_window(path, 6.0, 7.0, mode="server", users=2)
+    assert read_windows(path, "default") == [(1.2, 5.0)] and len(read(path)) == 5  # a mark is no pass
+    assert read_windows(path) == [(1.2, 5.0), (6.0, 7.0)]
+    assert summary(read(path), 1.0, read_windows(path))["passes_a_second"] == pytest.approx(3 / 4.8)
+    said = summary(read(path), 1.0, read_windows(path, "default"))
+    assert said["windows"] == 1 and said["passes"] == 3 and said["first_tokens"] == 1
+    assert said["median"]["running_ms"] == pytest.approx(500.0) and said["median"]["ms"] == pytest.approx(2500.0)
+    assert said["first_tokens_a_pass"] == pytest.approx(1 / 3)
+    assert said["passes_a_second"] == pytest.approx(3 / 3.8)
+    everything = summary(read(path), 1.0)
+    assert everything["windows"] == 0 and everything["passes"] == 5 and everything["first_tokens"] == 2
