@@ -19,7 +19,7 @@ from app.model_paths import resolve_model
 from app.token_file import read_token_file, read_token_line
 from app.threads_flags import add_service_threads_argument
 from app.user_error import UserError
-from wire.limits import BATCH_TOKENS, FIRST_TOKEN_ROOM, ServiceLimits
+from wire.limits import BATCH_TOKENS, FIRST_TOKEN_ROOM, FIRST_TOKEN_ROOM_MS, ServiceLimits
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "no guesses); 0: no guess lengthens it, a "
                        "first token as soon as a plain stream's, at some throughput where replies begin in most "
                        "passes (default: %(default)s)")
+    serve.add_argument("--first-token-room-ms", type=float,
+                       default=float(env("SPECWIRE_FIRST_TOKEN_ROOM_MS", FIRST_TOKEN_ROOM_MS)), metavar="MS",
+                       help="with --fair-passes: ... and at most MS milliseconds more than the plain pass, where "
+                       "passes are long (a large target under load); inf: the share alone (default: %(default)s)")
     serve.add_argument("--trace-passes", type=Path, metavar="FILE",
                        help="write every shared pass to FILE, a JSON object a line (members, tokens, seconds, and "
                        "each reply's first token with when its request came), added to if it exists; "
@@ -191,6 +195,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if not args.first_token_room >= 0:  # NaN too
         raise UserError(f"--first-token-room must be 0 or more (how much a first token's pass may exceed the "
                         f"plain pass, 1 = twice it), got {args.first_token_room}")
+    if not args.first_token_room_ms >= 0:  # NaN too
+        raise UserError(f"--first-token-room-ms must be 0 or more (the ms a first token's pass may exceed the "
+                        f"plain pass by; inf for no bound but --first-token-room's), got {args.first_token_room_ms}")
     if args.batch_tokens < 0:
         raise UserError(f"--batch-tokens must be 0 (one session a pass) or more, got {args.batch_tokens}")
     if args.trace_passes is not None:
@@ -205,7 +212,8 @@ def run_serve(args: argparse.Namespace) -> int:
     config = ServiceConfig(host=args.host, port=args.port, token=token, tls=tls,
                            limits=SessionLimits(max_draft=args.max_draft, max_context=args.max_context),
                            service_limits=limits, batch_tokens=args.batch_tokens, fair_passes=args.fair_passes,
-                           first_token_room=args.first_token_room, trace_passes=args.trace_passes,
+                           first_token_room=args.first_token_room, first_token_room_ms=args.first_token_room_ms,
+                           trace_passes=args.trace_passes,
                            public_metrics=args.public_metrics, device_nice=args.device_nice)
     service = VerifyService(lambda: load_backend(args.backend, target, device=args.device, threads=args.threads,
                                                  batch_threads=args.batch_threads,

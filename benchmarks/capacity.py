@@ -304,13 +304,15 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
                  on_served=None, fair: bool = True, batch_tokens: int | None = None,
                  pace_s: float = 0.0, think_s: float = 0.0,
                  first_token_room: float | None = None, processes: int | None = None,
+                 first_token_room_ms: float | None = None,
                  warm_up_s: float | None = None, trace_passes: Path | None = None) -> list[WaveRecord]:
     """Every (round trip, users, mode) wave; `vocab_path`: the GGUF of the recording's vocabulary
     (default: the default pair's draft). With `level` (a service_level.ServiceLevel), instead, per
     round trip and mode, the users served at that level, by a search over user counts from the
     first of `user_counts` up to its last (`on_served(rtt, mode, users)` is told each). `pace_s`: a user's
     replies begin that many emulated seconds apart (0: each when the last ends, after a wait of `think_s` on
-    average). `first_token_room`: the service's --first-token-room (None: its default). `processes`: the worker
+    average). `first_token_room`, `first_token_room_ms`: the service's
+    --first-token-room and --first-token-room-ms (None: its default). `processes`: the worker
     processes the users run in (None: benchmarks/client_processes.py `auto_processes`). `warm_up_s`: emulated
     seconds before each window (None: a fifth of `seconds`, at least a pace). `trace_passes`: the service's
     --trace-passes file (benchmarks/pass_trace_report.py reads it)."""
@@ -336,6 +338,8 @@ def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float]
                                           *(("--batch-tokens", str(batch_tokens)) if batch_tokens is not None else ()),
                                           *(("--first-token-room", str(first_token_room))
                                             if first_token_room is not None else ()),
+                                          *(("--first-token-room-ms", str(first_token_room_ms))
+                                            if first_token_room_ms is not None else ()),
                                           *(("--trace-passes", str(trace_passes)) if trace_passes is not None else ()))
     results = []
     what_if = "what-if" in load_target_profile(target_profile).description.lower()
@@ -491,6 +495,9 @@ def add_arguments(parser) -> None:
                        "member's ledger allows); --no-fair-passes: by the pass's goodput alone")
     group.add_argument("--first-token-room", type=float, metavar="R",
                        help="with --emulate: the service's --first-token-room (default: the service's own)")
+    group.add_argument("--first-token-room-ms", type=float, metavar="MS",
+                       help="with --emulate: the service's --first-token-room-ms, in the emulated device's ms "
+                       "(default: the service's own; inf: none)")
     group.add_argument("--trace-passes", type=Path, metavar="FILE",
                        help="with --emulate: the service writes every pass to FILE (specwire serve --trace-passes); "
                        "python -m benchmarks.pass_trace_report FILE --time-scale F reads it (a mode a run: the file "
@@ -566,6 +573,7 @@ def main_emulated(args) -> None:
                            on_served=lambda rtt, mode, n: served.append((rtt, mode, n)), fair=args.fair_passes,
                            batch_tokens=args.batch_tokens, pace_s=args.reply_every, think_s=args.think,
                            first_token_room=args.first_token_room, processes=args.client_processes,
+                           first_token_room_ms=args.first_token_room_ms,
                            warm_up_s=args.warm_up, trace_passes=args.trace_passes)
     print_records(records)
     if level is not None:

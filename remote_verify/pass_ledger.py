@@ -41,8 +41,9 @@ held against the pass as it is: its wait is now, not later.
 
 A member starting a reply (its pass feeds a prompt and makes the first token) starts even: its
 room is FIRST_TOKEN_ROOM (`specwire serve --first-token-room`), whatever its ledger from earlier replies,
-so the pass that carries a first token costs at most twice the plain pass; at 0, no guess lengthens
-it. (A tighter room for first tokens, 1.2x, bound nearly every pass at 64 users, where some reply
+so the pass that carries a first token costs at most twice the plain pass, and at most FIRST_TOKEN_ROOM_MS
+more than it (`--first-token-room-ms`, 20: what a person waits is a time; on the emulated 32B, whose plain
+pass at 32 users takes 64 ms, a room of 0.31); at 0, no guess lengthens it. (A tighter room for first tokens, 1.2x, bound nearly every pass at 64 users, where some reply
 starts in almost every pass: guesses all but stopped. None at all, once a prompt of about a piece went
 whole, took the emulated 7B's first token at 64 users to 1.13x server-only's at p99, from 1.20x, and
 cost the 70B at 32 users its aggregate, 2.25x to 1.98x: docs/results.md. The default keeps the
@@ -66,7 +67,8 @@ from __future__ import annotations
 
 from typing import Hashable
 
-from wire.limits import FIRST_TOKEN_ROOM  # a reply's first pass costs at most 2x the plain one, by default
+from wire.limits import FIRST_TOKEN_ROOM, FIRST_TOKEN_ROOM_MS  # a reply's first pass: at most 2x the plain one,
+# and 20 ms more, by default
 
 MEMORY = 0.98  # weight of the past per pass: about fifty passes
 SLACK_TOKENS = 1.0  # the deficit a member may run: (1 - MEMORY) x this a pass at most, 2%
@@ -90,15 +92,25 @@ PREFILL_ROOM = 0.2
 class PassLedger:
     """Each session's gain against a plain stream (device thread only)."""
 
-    def __init__(self, first_token_room: float = FIRST_TOKEN_ROOM) -> None:
+    def __init__(self, first_token_room: float = FIRST_TOKEN_ROOM,
+                 first_token_room_s: float = FIRST_TOKEN_ROOM_MS / 1000) -> None:
         self._owed: dict[Hashable, float] = {}
         self.first_token_room = first_token_room  # `specwire serve --first-token-room`
+        self.first_token_room_s = first_token_room_s  # `specwire serve --first-token-room-ms`, in seconds
 
-    def room(self, session: Hashable, starting: bool) -> float:
-        """How much more than the plain pass (r - 1) `session` lets a pass cost before its own guesses."""
+    def room(self, session: Hashable, starting: bool, plain_s: float | None = None) -> float:
+        """How much more than the plain pass (r - 1) `session` lets a pass cost before its own guesses
+        (`plain_s`: that pass's seconds, which bound a first token's room)."""
         if starting:
-            return self.first_token_room
+            return self.first_room(plain_s)
         return self._owed.get(session, 0.0) + SLACK_TOKENS
+
+    def first_room(self, plain_s: float | None) -> float:
+        """A first token's room beside a plain pass of `plain_s` seconds: FIRST_TOKEN_ROOM of it, and no more
+        than FIRST_TOKEN_ROOM_MS (unknown: the share alone)."""
+        if not plain_s or plain_s <= 0:
+            return self.first_token_room
+        return min(self.first_token_room, self.first_token_room_s / plain_s)
 
     def after_pass(self, session: Hashable, made: float, ratio: float) -> None:
         """A pass that cost `ratio` times its plain pass, in which `session` made `made` tokens."""

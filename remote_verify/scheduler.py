@@ -680,10 +680,10 @@ class DeviceQueue:
         starts = [_starting(item.work) for item in items]
         # the plain pass, and what one more plain stream adds to it (None, 0: fairness off, or a pass of one)
         plain_s, stream_s = self._plain_s(items, mandatory, costs) if self.fair and len(items) > 1 else (None, 0.0)
-        rooms = [self.ledger.room(item.session, starting) for item, starting in zip(items, starts)]
+        rooms = [self.ledger.room(item.session, starting, plain_s) for item, starting in zip(items, starts)]
         # a new reply's request expected while this pass runs waits for it: the pass is held to a first token's room
         due = bool(plain_s) and self._request_due(items, plain_s)
-        due_room = self.ledger.first_token_room if due else float("inf")
+        due_room = self.ledger.first_room(plain_s) if due else float("inf")
         if self._prefill_waiting:  # a first token waits for this pass, in it or after it: a session's first
             rooms = [min(room, PREFILL_ROOM) for room in rooms]  # token is not queued behind others' guesses
         starting_of = {id(item): starting for item, starting in zip(items, starts)}

@@ -45,7 +45,7 @@ from wire.service_proof import CHALLENGE_HEADER, MAX_CHALLENGE_CHARS, PROOF_HEAD
 from remote_verify.frames import BadFrame, FrameReader, frame_cost, hello_problems
 from remote_verify.idle import IdleClock
 from remote_verify.limits import TokenBucket
-from remote_verify.pass_ledger import FIRST_TOKEN_ROOM
+from remote_verify.pass_ledger import FIRST_TOKEN_ROOM, FIRST_TOKEN_ROOM_MS
 from wire.grammar import KINDS as grammar_kinds, available as grammars_available
 from wire.limits import ServiceLimits
 from remote_verify.logs import printable, session_log
@@ -104,6 +104,7 @@ class ServiceConfig:
     public_metrics: bool = False  # /metrics without the token (a scraper inside the cluster); else behind it
     fair_passes: bool = True  # guesses fill a shared pass only as every member's ledger allows (pass_ledger.py)
     first_token_room: float = FIRST_TOKEN_ROOM  # how much more than the plain pass a pass making a first token may cost
+    first_token_room_ms: float = FIRST_TOKEN_ROOM_MS  # ... and at most this many ms more
     device_nice: int = 0  # the device thread's niceness over the event loop's (remote_verify/device_priority.py)
     trace_passes: Path | None = None  # every shared pass written to this file (remote_verify/pass_trace.py)
 
@@ -134,6 +135,7 @@ class VerifyService:
         self.queue = DeviceQueue("target", config.batch_tokens, nice=config.device_nice)  # one per device
         self.queue.fair = config.fair_passes
         self.queue.ledger.first_token_room = config.first_token_room
+        self.queue.ledger.first_token_room_s = config.first_token_room_ms / 1000
         if config.trace_passes is not None:
             self.queue.trace = PassTrace(config.trace_passes)
         self.metrics.queue_depth.set_function(lambda: self.queue.depth)

@@ -23,7 +23,7 @@ from pathlib import Path
 from benchmarks.emulation.profiles import load_target_profile
 from benchmarks.emulation.recording import DEFAULT_RECORDING, Recording
 from benchmarks.emulation.target import EmulatedTarget, ReplayTarget
-from wire.limits import BATCH_TOKENS, FIRST_TOKEN_ROOM, ServiceLimits
+from wire.limits import BATCH_TOKENS, FIRST_TOKEN_ROOM, FIRST_TOKEN_ROOM_MS, ServiceLimits
 
 
 def emulated_backend(profile: str, replay: Path | None, target: Path | None, time_scale: float,
@@ -65,6 +65,8 @@ def main() -> None:
                         "--fair-passes, its default)")
     parser.add_argument("--first-token-room", type=float, default=FIRST_TOKEN_ROOM,
                         help="specwire serve --first-token-room (default: %(default)s)")
+    parser.add_argument("--first-token-room-ms", type=float, default=FIRST_TOKEN_ROOM_MS,
+                        help="specwire serve --first-token-room-ms, in the emulated device's ms (default: %(default)s)")
     parser.add_argument("--trace-passes", type=Path, metavar="FILE", help="specwire serve --trace-passes")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -76,6 +78,8 @@ def main() -> None:
     config = ServiceConfig(port=args.port, limits=SessionLimits(max_draft=args.max_draft, max_context=args.max_context),
                            service_limits=ServiceLimits(max_sessions=args.max_sessions),
                            batch_tokens=args.batch_tokens, first_token_room=args.first_token_room,
+                           # the service's clock runs --time-scale times the device's: so does a bound in time
+                           first_token_room_ms=args.first_token_room_ms * args.time_scale,
                            trace_passes=args.trace_passes)
     service = VerifyService(backend, config)
     service.queue.fair = args.fair_passes

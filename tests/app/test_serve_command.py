@@ -11,7 +11,7 @@ import pytest
 
 from app.cli import build_parser, main
 from tests.remote_verify.test_access import tls_files  # noqa: F401  (a fixture: a CA and a certificate it signed)
-from wire.limits import BATCH_TOKENS, FIRST_TOKEN_ROOM, ServiceLimits
+from wire.limits import BATCH_TOKENS, FIRST_TOKEN_ROOM, FIRST_TOKEN_ROOM_MS, ServiceLimits
 
 
 def test_help_names_every_limit_with_its_default(capsys):
@@ -24,7 +24,7 @@ def test_help_names_every_limit_with_its_default(capsys):
                         ("--idle-timeout", defaults.idle_timeout_s), ("--rate", defaults.rate_per_s),
                         ("--rate-burst", defaults.rate_burst), ("--drain-timeout", defaults.drain_timeout_s),
                         ("--max-draft", 32), ("--max-context", 4096), ("--batch-tokens", BATCH_TOKENS),
-                        ("--first-token-room", FIRST_TOKEN_ROOM)):
+                        ("--first-token-room", FIRST_TOKEN_ROOM), ("--first-token-room-ms", FIRST_TOKEN_ROOM_MS)):
         assert flag in text and f"(default: {value})" in text[text.index(flag):], flag
     for flag in ("--tls-cert", "--tls-key", "--insecure-no-auth", "--log-format"):
         assert flag in text
@@ -36,6 +36,7 @@ def test_help_names_every_limit_with_its_default(capsys):
     (["--batch-tokens", "-1"], "--batch-tokens must be 0 (one session a pass) or more"),
     (["--first-token-room", "-0.5"], "--first-token-room must be 0 or more"),
     (["--first-token-room", "nan"], "--first-token-room must be 0 or more"),
+    (["--first-token-room-ms", "-20"], "--first-token-room-ms must be 0 or more"),
     (["--tls-cert", "cert.pem"], "--tls-cert and --tls-key go together"),
     (["--tls-cert", "missing.pem", "--tls-key", "missing.pem"], "cannot use the TLS certificate missing.pem"),
     (["--trace-passes", "/no-such-folder/passes.jsonl"], "cannot write the pass trace /no-such-folder/passes.jsonl"),
@@ -52,21 +53,26 @@ def test_shared_passes_are_on_by_default_and_can_be_turned_off(flags, budget):
     assert build_parser().parse_args(["serve", *flags]).batch_tokens == budget
 
 
-@pytest.mark.parametrize("flags, room", [([], FIRST_TOKEN_ROOM), (["--first-token-room", "0"], 0.0)])
-def test_the_first_token_room_reaches_the_services_ledger(tiny, monkeypatch, flags, room):
-    """--first-token-room is the room a starting member gives the pass, in the queue `specwire serve` builds.
-    (The service's run is replaced by one that reads its queue and returns: nothing is served.)"""
+@pytest.mark.parametrize("flags, room, beside_40_ms", [([], FIRST_TOKEN_ROOM, 0.5),
+                                                       (["--first-token-room", "0"], 0.0, 0.0),
+                                                       (["--first-token-room-ms", "10"], FIRST_TOKEN_ROOM, 0.25)])
+def test_the_first_token_room_reaches_the_services_ledger(tiny, monkeypatch, flags, room, beside_40_ms):
+    """--first-token-room is the room a starting member gives the pass, in the queue `specwire serve` builds, and
+    --first-token-room-ms bounds it in time: beside a plain pass of 40 ms, the default's 20 ms is a room of 0.5,
+    10 ms one of 0.25. (The service's run is replaced by one that reads its queue and returns: nothing is
+    served.)"""
     from remote_verify.server import VerifyService
 
     rooms = []
 
     async def read_the_room(service, announce) -> None:
-        rooms.append(service.queue.ledger.room("a new reply", starting=True))
+        ledger = service.queue.ledger
+        rooms.append((ledger.room("a new reply", starting=True), ledger.room("a new reply", True, plain_s=0.040)))
         service.queue.shutdown()
 
     monkeypatch.setattr(VerifyService, "run", read_the_room)
     assert main(["serve", "--target", str(tiny.target_gguf), "--port", "0", *flags]) == 0
-    assert rooms == [room]
+    assert rooms == [(room, pytest.approx(beside_40_ms))]
 
 
 def test_the_pass_trace_reaches_the_services_queue(tiny, monkeypatch, tmp_path):

@@ -60,7 +60,8 @@ def guessing_stream(backend, costs: PassCosts) -> tuple[Session, object]:
 def one_shared_pass(backend, fair: bool, other: str, behind: bool, costs: PassCosts | None = None,
                     banked: int = 0, behind_passes: int = 3, readers: int = 0,
                     long_prompt: bool = False, first_token_room: float | None = None,
-                    guesser_reads: bool = False, request_due: bool = False) -> tuple[int, int]:
+                    guesser_reads: bool = False, request_due: bool = False,
+                    first_token_room_ms: float | None = None) -> tuple[int, int]:
     """(tokens the shared pass fed, the tokens its members had to feed) for the guessing stream and
     `other` ("plain": a stream one token in, no guesses; "first": a reply's prompt and first token),
     on the queue's cost curve `costs` (a compute-bound device's by default); `banked`: passes in which the
@@ -68,7 +69,8 @@ def one_shared_pass(backend, fair: bool, other: str, behind: bool, costs: PassCo
     `readers`: other users of the service, reading a second after replies of 96 tokens that took 0.1 s here
     (guesses kept), none in this pass; `long_prompt`: a third session's prompt, too long to go whole beside
     the streams, waits to be read in pieces (the pass measured is then the first, before its pieces);
-    `first_token_room`: the service's --first-token-room (None: its default); `guesser_reads`: the guesser's
+    `first_token_room`, `first_token_room_ms`: the service's --first-token-room and --first-token-room-ms (None:
+    its defaults); `guesser_reads`: the guesser's
     own two replies before, of 96 tokens in 0.1 s each, a second apart (a user who leaves between replies);
     `request_due`: a session between replies is expected to ask while the pass runs (the habits' clock stands
     in: which pass a request lands in is the unit tests' of remote_verify/plain_load.py)."""
@@ -77,6 +79,8 @@ def one_shared_pass(backend, fair: bool, other: str, behind: bool, costs: PassCo
     queue.fair = fair
     if first_token_room is not None:
         queue.ledger.first_token_room = first_token_room
+    if first_token_room_ms is not None:
+        queue.ledger.first_token_room_s = first_token_room_ms / 1000
     if request_due:
         queue.plain_load.due = lambda busy, start, end: "guesser" in busy and "plain" in busy
     guesser, guessing = guessing_stream(backend, costs)
@@ -202,6 +206,18 @@ def test_a_first_token_room_of_nothing_keeps_every_guess_out_of_its_pass(backend
     members must, no guess (at the default room the same pass takes some: the test above)."""
     fed, mandatory = one_shared_pass(backend, fair=True, other="first", behind=False, first_token_room=0.0)
     assert fed == mandatory
+
+
+def test_a_first_tokens_room_is_a_time_as_well_as_a_share_of_the_plain_pass(backend):
+    """`--first-token-room-ms 2` beside the default room of 1: the pass that makes a reply's first token (a plain
+    pass of about 7 ms on this curve) costs at most 2 ms more than the plain pass, not 7, and still takes the
+    guesses that fit in them; without the bound in time (inf), the same pass takes guesses past 2 ms."""
+    costs = compute_bound()
+    fed, mandatory = one_shared_pass(backend, fair=True, other="first", behind=False, first_token_room_ms=2.0)
+    assert mandatory < fed and costs.seconds(fed) <= costs.seconds(mandatory) + 0.002 + 1e-9, (fed, mandatory)
+    fed_share, mandatory = one_shared_pass(backend, fair=True, other="first", behind=False,
+                                           first_token_room_ms=float("inf"))
+    assert costs.seconds(fed_share) > costs.seconds(mandatory) + 0.002, (fed_share, mandatory)
 
 
 def test_a_prompt_read_in_pieces_is_not_queued_behind_other_members_guesses(backend):
