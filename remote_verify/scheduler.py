@@ -43,11 +43,15 @@ of the line) and up to `batch_tokens` tokens fed in all, or `member_tokens` a me
 (a pass of many members: a budget fixed whatever the members leaves each fewer guesses as they come,
 where a GPU is least idle). The session whose turn it is always
 runs, whatever its size; another joins only if its block fits what is left of the budget, or if it
-starts a reply with a prompt of at most a piece while the pass's new prompts stay within WHOLE_PIECES
-pieces: held out, its first token waited a whole pass more (the emulated 70B at 32 users under a closed
-loop: every first token that waited a pass more, 1.3% of them and the tail its p99 is read from, had a
-prompt of 112 to 151 tokens held out by the 256-token budget behind 141 to 156 tokens of streams; the
-pass it joins costs the prompt's tokens more, where the pass it waited for cost a pass).
+starts a reply with a prompt its own turn would take whole (at most WHOLE_PIECES pieces) while the pass's
+new prompts stay within JOIN_PIECES pieces, two such prompts: held out, its first token waited a whole pass
+more (the emulated 70B at 32 users under a closed loop: every first token that waited a pass more, 1.3% of
+them and the tail its p99 is read from, had a prompt of 112 to 151 tokens held out by the 256-token budget
+behind 141 to 156 tokens of streams; on the emulated 32B, asked a reply about every pass and a long prompt
+one in four, the slowest first tokens were long prompts held out by another's). The pass it joins costs its
+prompt's tokens more, which the next pass, the one it would have waited for, no longer does: every first
+token comes as soon or sooner but those already in the pass, and the streams get as many tokens. New
+prompts take none of the budget's share for streams and rounds: one that did shut 22 streams out of a pass.
 Any other item (loading the model, allocating or freeing a cache, a Sync) runs alone.
 Each member is planned (checked, its feed built) before the pass and finished (acceptance,
 commit) after it, on this thread, so one session's refusal or failure is its own: a bad
@@ -123,6 +127,9 @@ UNCUT_TOKENS = 32
 # A feed up to this many pieces goes whole in its first turn: the pass costs half a piece more, once,
 # where its tail would cost a pass's fixed price, a turn in line and the pass between the two pieces
 WHOLE_PIECES = 1.5
+# New prompts that join one pass beyond the budget: two prompts that each go whole. Held out, a prompt's first
+# token waits the whole next pass; joined, the pass costs its tokens more, which the next pass no longer does
+JOIN_PIECES = 2 * WHOLE_PIECES
 # The plain streams server-only would run are counted again after this many passes: they follow the users'
 # replies, which change over seconds, and counting them costs a millisecond or two at 256 users (a tenth of
 # a pass of the emulated 70B target, counted every pass)
@@ -374,29 +381,41 @@ class DeviceQueue:
             self._charged[session] += self._charge(self._size(work)) if isinstance(work, Shareable) else 1
             if self.batch_tokens and isinstance(work, Shareable) and hasattr(work.backend, "forward_many"):
                 joinable = sum(1 for each in line if _shares_with(self._waiting[each][0].work, work))
-                left = self.budget(1 + joinable) - self._size(work)
+                budget = self.budget(1 + joinable)
                 prompts = self._size(work) if _starting(work) else 0  # tokens of the pass's new prompts
+                left = budget - self._size(work)  # of the budget, for any member
+                # ... and for streams and rounds: new prompts do not take it (a prompt that shut 22 streams out of
+                # a pass cost each of them a whole pass for its token)
+                streams_left = budget - (0 if prompts else self._size(work))
                 piece = None  # the turn's prefill piece limit, priced when a second member is considered
                 for session in line:
-                    head = self._waiting[session][0].work
+                    waiting = self._waiting[session][0]
+                    head = waiting.work
                     if not _shares_with(head, work):
                         continue  # it keeps its place in line and runs in its own turn
                     starting = _starting(head)
-                    if left <= 0 and not starting:
+                    if streams_left <= 0 and not starting:
                         continue
                     size = self._size(head)
                     if piece is None:
                         piece = self._piece_limit(first.session, work)
-                    if size > piece:  # a long feed is cut in its own turn, not here
+                    # a long feed is cut in its own turn, not here; a new prompt that its own turn would take
+                    # whole (`_turn_limit`) may join whole
+                    if size > (WHOLE_PIECES * piece if starting and not waiting.cut else piece):
                         continue
-                    # a new prompt is not held out by the budget while the pass's prompts stay within a
-                    # piece and a half (the module's docstring says why)
-                    if size <= left or (starting and prompts + size <= WHOLE_PIECES * piece):
-                        self._turns.remove(session)
-                        taken.append(self._take(session))
-                        self._charged[session] += self._charge(size)
-                        left -= size
-                        prompts += size if starting else 0
+                    # a new prompt is not held out by the budget while the pass's prompts stay within
+                    # JOIN_PIECES pieces (the module's docstring says why)
+                    fits = size <= (left if starting else streams_left)
+                    if not fits and not (starting and prompts + size <= JOIN_PIECES * piece):
+                        continue
+                    self._turns.remove(session)
+                    taken.append(self._take(session))
+                    self._charged[session] += self._charge(size)
+                    left -= size
+                    if starting:
+                        prompts += size
+                    else:
+                        streams_left -= size
             return taken
 
     def _charge(self, tokens: int) -> float:

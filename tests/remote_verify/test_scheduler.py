@@ -159,7 +159,7 @@ def run_held(queue: DeviceQueue, jobs: list[tuple[str, object]]) -> list:
 @pytest.fixture()
 def recorder(llamacpp_target):
     recorder = RecordingTarget(llamacpp_target)
-    caches = {name: llamacpp_target.new_cache() for name in "abcde"}
+    caches = {name: llamacpp_target.new_cache() for name in "abcdef"}
     recorder.caches = caches
     yield recorder
     for cache in caches.values():
@@ -202,18 +202,22 @@ def test_a_pass_keeps_to_its_token_budget(recorder):
 
 
 def test_a_new_prompt_is_not_held_out_of_a_pass_by_the_budget(recorder):
-    """batch_tokens=8: beside a round of 5, a new reply's prompt of 40 tokens (within a piece, 64 on a
-    backend that measures no prices) joins the pass, where another round of 5 waits for the next; a
-    second prompt of 40 waits too, the pass's prompts held to a piece and a half (96). Held out, a new
-    prompt's first token waited a whole pass more (the emulated 70B's closed loop: its p99's tail)."""
+    """batch_tokens=8: beside a round of 5, new replies' prompts of 50 and of 90 tokens (within a piece, 64 on
+    a backend that measures no prices, and within the piece and a half a prompt goes whole in) join the pass,
+    where another round of 5 waits for the next; a third prompt of 60 waits too, the pass's prompts held to
+    two prompts that each go whole (JOIN_PIECES, 192); and a round of 3 still joins: the prompts beyond the
+    budget do not take the streams' share of it. Held out, a new prompt's first token waited a whole pass more
+    (the emulated 32B's closed loop: its p99's tail), and a stream shut out by prompts its token."""
     c = recorder.caches
+    prompt = lambda n, first: [1 + (first + i) % 100 for i in range(n)]  # noqa: E731
     jobs = [("a", shareable(recorder, c["a"], "a", [5, 6, 7, 8, 9])),
             ("b", shareable(recorder, c["b"], "b", [5, 6, 7, 8, 9])),
-            ("c", shareable(recorder, c["c"], "c", list(range(1, 41)), starting=True)),
-            ("d", shareable(recorder, c["d"], "d", list(range(41, 81)), starting=True)),
-            ("e", shareable(recorder, c["e"], "e", list(range(81, 121)), starting=True))]
+            ("c", shareable(recorder, c["c"], "c", prompt(50, 0), starting=True)),
+            ("d", shareable(recorder, c["d"], "d", prompt(90, 50), starting=True)),
+            ("e", shareable(recorder, c["e"], "e", prompt(60, 40), starting=True)),
+            ("f", shareable(recorder, c["f"], "f", [3, 4, 5]))]
     run_held(DeviceQueue("test", batch_tokens=8, member_tokens=0), jobs)
-    assert recorder.passes[0] == [("a", 5), ("c", 40), ("d", 40)], recorder.passes
+    assert recorder.passes[0] == [("a", 5), ("c", 50), ("d", 90), ("f", 3)], recorder.passes
     assert sorted(name for members in recorder.passes[1:] for name, _ in members) == ["b", "e"], recorder.passes
 
 
