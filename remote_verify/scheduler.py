@@ -49,9 +49,10 @@ more (the emulated 70B at 32 users under a closed loop: every first token that w
 them and the tail its p99 is read from, had a prompt of 112 to 151 tokens held out by the 256-token budget
 behind 141 to 156 tokens of streams; on the emulated 32B, asked a reply about every pass and a long prompt
 one in four, the slowest first tokens were long prompts held out by another's). The pass it joins costs its
-prompt's tokens more, which the next pass, the one it would have waited for, no longer does: every first
-token comes as soon or sooner but those already in the pass, and the streams get as many tokens. New
-prompts take none of the budget's share for streams and rounds: one that did shut 22 streams out of a pass.
+prompt's tokens more, which the next pass, the one it would have waited for, no longer does: its first token
+comes a pass sooner, only the first tokens already in the pass come later (by its tokens), and the streams get
+as many tokens. New prompts take none of the budget's share for streams and rounds: they once shut 22 streams
+out of a pass.
 Any other item (loading the model, allocating or freeing a cache, a Sync) runs alone.
 Each member is planned (checked, its feed built) before the pass and finished (acceptance,
 commit) after it, on this thread, so one session's refusal or failure is its own: a bad
@@ -389,8 +390,8 @@ class DeviceQueue:
                 streams_left = budget - (0 if prompts else self._size(work))
                 piece = None  # the turn's prefill piece limit, priced when a second member is considered
                 for session in line:
-                    waiting = self._waiting[session][0]
-                    head = waiting.work
+                    queued = self._waiting[session][0]
+                    head = queued.work
                     if not _shares_with(head, work):
                         continue  # it keeps its place in line and runs in its own turn
                     starting = _starting(head)
@@ -401,7 +402,7 @@ class DeviceQueue:
                         piece = self._piece_limit(first.session, work)
                     # a long feed is cut in its own turn, not here; a new prompt that its own turn would take
                     # whole (`_turn_limit`) may join whole
-                    if size > (WHOLE_PIECES * piece if starting and not waiting.cut else piece):
+                    if size > (WHOLE_PIECES * piece if starting and not queued.cut else piece):
                         continue
                     # a new prompt is not held out by the budget while the pass's prompts stay within
                     # JOIN_PIECES pieces (the module's docstring says why)
