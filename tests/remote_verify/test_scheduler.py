@@ -202,14 +202,17 @@ def test_a_pass_keeps_to_its_token_budget(recorder):
 
 
 def test_a_new_prompt_is_not_held_out_of_a_pass_by_the_budget(recorder):
-    """batch_tokens=8: beside a round of 5, new replies' prompts of 50 and of 90 tokens (within a piece, 64 on
-    a backend that measures no prices, and within the piece and a half a prompt goes whole in) join the pass,
+    """batch_tokens=8: beside a round of 5, new replies' prompts of 50 and of 90 tokens (the one within a piece,
+    64 on a backend that measures no prices, the other within the piece and a half a prompt goes whole in) join the pass,
     where another round of 5 waits for the next; a third prompt of 60 waits too, the pass's prompts held to
     two prompts that each go whole (JOIN_PIECES, 192); and a round of 3 still joins: the prompts beyond the
     budget do not take the streams' share of it. Held out, a new prompt's first token waited a whole pass more
     (the emulated 32B's closed loop: its p99's tail), and a stream shut out by prompts its token."""
     c = recorder.caches
-    prompt = lambda n, first: [1 + (first + i) % 100 for i in range(n)]  # noqa: E731
+
+    def prompt(n: int, first: int) -> list[int]:  # n token ids, each prompt its own
+        return [1 + (first + i) % 100 for i in range(n)]
+
     jobs = [("a", shareable(recorder, c["a"], "a", [5, 6, 7, 8, 9])),
             ("b", shareable(recorder, c["b"], "b", [5, 6, 7, 8, 9])),
             ("c", shareable(recorder, c["c"], "c", prompt(50, 0), starting=True)),
