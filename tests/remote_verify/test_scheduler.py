@@ -203,8 +203,8 @@ def test_a_pass_keeps_to_its_token_budget(recorder):
 
 def test_a_new_prompt_is_not_held_out_of_a_pass_by_the_budget(recorder):
     """batch_tokens=8: beside a round of 5, new replies' prompts of 50 and of 90 tokens (the one within a piece,
-    64 on a backend that measures no prices, the other within the piece and a half a prompt goes whole in) join the pass,
-    where another round of 5 waits for the next; a third prompt of 60 waits too, the pass's prompts held to
+    64 on a backend that measures no prices, the other within the piece and a half a prompt goes whole in) join
+    the pass, where another round of 5 waits for the next; a third prompt of 60 waits too, the pass's prompts held to
     two prompts that each go whole (JOIN_PIECES, 192); and a round of 3 still joins: the prompts beyond the
     budget do not take the streams' share of it. Held out, a new prompt's first token waited a whole pass more
     (the emulated 32B's closed loop: its p99's tail), and a stream shut out by prompts its token."""
