@@ -30,9 +30,11 @@ class Recorded:
     def __init__(self, target):
         self.target = target
         self.passes: list[int] = []
+        self.members: list[list[tuple[int, int]]] = []  # each pass's (cache's id, tokens fed) of each member
 
     def forward_many(self, passes):
         self.passes.append(sum(len(p.tokens) for p in passes))
+        self.members.append([(id(p.cache), len(p.tokens)) for p in passes])
         return self.target.forward_many(passes)
 
     def __getattr__(self, name):
@@ -306,3 +308,60 @@ def test_a_pass_a_new_replys_request_is_due_to_land_in_is_held_to_a_first_tokens
     assert costs.seconds(fed) <= (1 + room) * costs.seconds(mandatory) + 1e-9
     fed_alone, _ = one_shared_pass(backend, fair=True, other="plain", behind=False, first_token_room=room)
     assert costs.seconds(fed_alone) > (1 + room) * costs.seconds(mandatory)
+
+
+def shared_pass_of(backend, kinds: list[str], curve) -> dict[str, int]:
+    """The tokens each member fed in one shared pass through the real queue, by name: `kinds` names the
+    members in the order they come ("guess..." a stream with a chain of 12 likely guesses, "plain..." a stream
+    with none, "first..." a reply's prompt and first token), each with an even ledger; `curve()` makes the
+    queue's cost curve (which the pass's own timing then joins)."""
+    costs = curve()
+    queue = DeviceQueue("share-test", costs=costs)
+    queue.fair = True  # as the service runs it
+    sessions, works = {}, {}
+    for seed, name in enumerate(kinds):
+        if name.startswith("guess"):
+            sessions[name], works[name] = guessing_stream(backend, costs)
+            continue
+        session = Session(backend, SamplingParams(), seed=seed + 2, limits=SessionLimits())
+        session.start_generation(Generate(seq=1, committed_len=0, append=[4, 5, 6, 7]))
+        if name.startswith("plain"):
+            session.generate_step()
+        sessions[name], works[name] = session, session.stream_work()
+    gate = threading.Event()
+
+    async def main():
+        held = asyncio.ensure_future(queue.run("holder", lambda: gate.wait(5)))
+        await asyncio.sleep(0.05)
+        jobs = [asyncio.ensure_future(queue.run(name, works[name])) for name in kinds]
+        await asyncio.sleep(0.05)
+        gate.set()
+        await held
+        await asyncio.gather(*jobs)
+
+    before = len(backend.members)
+    by_cache = {id(session.cache): name for name, session in sessions.items()}
+    try:
+        asyncio.run(main())
+    finally:
+        queue.shutdown()
+        for session in sessions.values():
+            session.close()
+    assert len(backend.members) == before + 1, "the members ran in one pass"
+    return {by_cache[cache]: fed for cache, fed in backend.members[-1]}
+
+
+def test_a_first_tokens_room_is_shared_out_among_the_members_guesses(backend):
+    """Four streams with long chains of likely guesses share a pass with a reply's first token, on a
+    compute-bound curve where the first token's room (twice the plain pass) has place for ten guesses:
+    each stream gets its share of them, its likeliest, and the pass stays within the room. Shared out as
+    the budget alone is (planted: a member's share only of the budget's 256), the stream planned first took
+    all ten and the others none; planned after them (planted: members by their ledgers alone, a new reply's
+    pass not first), the reply's first pass, which has no guess to send, kept a share of the room unused."""
+    costs = compute_bound()
+    fed = shared_pass_of(backend, ["guess1", "guess2", "guess3", "guess4", "first"], compute_bound)
+    mandatory = 4 + 4  # a token each stream, the prompt's four
+    assert costs.seconds(sum(fed.values())) <= (1 + FIRST_TOKEN_ROOM) * costs.seconds(mandatory) + 1e-9, fed
+    guesses = [fed[f"guess{n}"] - 1 for n in range(1, 5)]
+    assert sum(guesses) == 10 and min(guesses) >= 2, fed
+
