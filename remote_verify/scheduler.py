@@ -75,8 +75,9 @@ share of what is left when it is planned, its likeliest guesses, what one leaves
 Taken first come, the members planned first each took a long chain of ever less likely guesses and left the
 rest none. (What a member leaves of the budget's share stays unused: handed on to the members after it,
 the emulated 70B at 32 users made 3.81 tokens a pass against 3.39, but the slowest user of the A100 32B at
-64 users read 0.90x and 0.94x server-only's, against 0.95x and 0.97x: passes filled to the members' rooms
-more often, the ledger's estimates cost the members at their edge more: docs/results.md.)
+64 users read 0.90x and 0.94x server-only's, against 0.95x and 0.97x before and 0.94x with the room shared
+alone, a cell at the line in every run: kept out until more runs say it costs that user nothing;
+docs/results.md.)
 Every pass's time is recorded against its tokens in the queue's cost curve (`costs`).
 
 Fairness (`fair`: on in the service, `specwire serve --no-fair-passes` turns it off; off in a bare
