@@ -69,15 +69,13 @@ meantime, and streams would take turns, each in every other pass.)
 Members are planned in turn order, each told what the members before it put in the pass
 (`PassSoFar`: tokens and expected commits), so that a stream deciding how many draft tokens
 to verify weighs what they cost every member of this pass (remote_verify/stream_drafts.py).
-Guesses fill what the budget leaves beside every member's own tokens, an even share a member; and a pass
-held to a first token's room shares out what that room leaves (`_guess_share`): each member at most an even
-share of what is left when it is planned, its likeliest guesses, what one leaves going to those after it.
-Taken first come, the members planned first each took a long chain of ever less likely guesses and left the
-rest none. (What a member leaves of the budget's share stays unused: handed on to the members after it,
-the emulated 70B at 32 users made 3.81 tokens a pass against 3.39, but the slowest user of the A100 32B at
-64 users read 0.90x and 0.94x server-only's, against 0.95x and 0.97x before and 0.94x with the room shared
-alone, a cell at the line in every run: kept out until more runs say it costs that user nothing;
-docs/results.md.)
+Guesses fill what the budget leaves beside every member's own tokens, and a pass held to a first token's
+room what that room leaves, shared out the same way (`_guess_share`): each member at most an even share of
+what is left when it is planned, its likeliest guesses, what one leaves going to those after it. Taken first
+come, the members planned first each took a long chain of ever less likely guesses and left the rest none;
+with each share fixed at the pass's start, the share of a stream whose chain had died at a miss (it waits a
+round trip for the client's next: a third of the members of the emulated 70B's passes at 32 users) stayed
+unused, and the pass made 3.39 tokens a member where handed on it makes 3.81 (docs/results.md).
 Every pass's time is recorded against its tokens in the queue's cost curve (`costs`).
 
 Fairness (`fair`: on in the service, `specwire serve --no-fair-passes` turns it off; off in a bare
@@ -697,15 +695,14 @@ class DeviceQueue:
         members: list[tuple[_Item, Planned]] = []
         item = planned = error = results = result = value = forward_s = None
         budget = self.budget(len(items)) or float("inf")
-        # what the members must feed (their last tokens) comes first; the rest of the budget is
-        # shared out evenly, so that the members planned first cannot take every guess's place
+        # what the members must feed (their last tokens) comes first; the rest of the budget is shared out
+        # (`_guess_share`), so that the members planned first cannot take every guess's place
         if self.fair:  # the members furthest behind plan first: their own guesses count before others' are bounded
             # (and a new reply's first pass before all: it seldom has a guess yet, and its share goes to the others)
             items.sort(key=lambda each: (not _starting(each.work), self.ledger.owed(each.session)))
         sizes = [self._size(item.work) for item in items]
         mandatory = sum(sizes)
         so_far = PassSoFar(budget=budget)
-        budget_share = max(0.0, (budget - mandatory) / len(items))  # a member's, of the guesses' place
         costs = self.costs.shared(len(items))  # a pass of about this many members (remote_verify/pass_costs.py)
         so_far.costs = costs
         starts = [_starting(item.work) for item in items]
@@ -728,7 +725,7 @@ class DeviceQueue:
         within: dict[float, float] = {}  # the tokens a pass may feed within a first token's room, by that bound
         for i, item in enumerate(items):
             so_far.later_tokens, so_far.later_sessions = sum(sizes[i + 1:]), len(items) - i - 1
-            so_far.share = budget_share
+            fits = budget  # the tokens this pass may feed
             if plain_s:
                 so_far.plain_s, so_far.own_room = plain_s, rooms[i]
                 others = [(j, rooms[j] + (gains[j] or 0.0)) for j in range(len(items))
@@ -745,7 +742,8 @@ class DeviceQueue:
                     bound_s = (1.0 + so_far.first_room) * plain_s
                     if bound_s not in within:  # it changes only as a first token's member is planned
                         within[bound_s] = _tokens_within(costs, bound_s, mandatory, budget, len(items))
-                    so_far.share = min(so_far.share, _guess_share(within[bound_s], so_far.tokens, sizes[i:]))
+                    fits = within[bound_s]
+            so_far.share = _guess_share(fits, so_far.tokens, sizes[i:])
             planned, error = _attempt(item.work.plan, so_far)
             if error is not None:  # refused before the pass: the others go on
                 self._hand_back(item, None, error, started)
@@ -909,13 +907,13 @@ class DeviceQueue:
             log.debug("dropped a result for a closed event loop")
 
 
-def _guess_share(within: float, planned_tokens: int, sizes_left: list[int]) -> float:
-    """The guesses the next member planned may add to a pass that may feed `within` tokens: an even share of
+def _guess_share(fits: float, planned_tokens: int, sizes_left: list[int]) -> float:
+    """The guesses the next member planned may add to a pass that may feed `fits` tokens: an even share of
     what is left beside the tokens planned so far and every member yet to plan's own, so that what an
     earlier member left (a stream whose guesses died, waiting for the client's next) goes to those after it."""
     if not sizes_left:
         return 0.0
-    return max(0.0, (within - planned_tokens - sum(sizes_left)) / len(sizes_left))
+    return max(0.0, (fits - planned_tokens - sum(sizes_left)) / len(sizes_left))
 
 
 def _tokens_within(costs: PassCosts, bound_s: float, mandatory: int, budget: float, members: int) -> float:

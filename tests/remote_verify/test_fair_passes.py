@@ -310,13 +310,15 @@ def test_a_pass_a_new_replys_request_is_due_to_land_in_is_held_to_a_first_tokens
     assert costs.seconds(fed_alone) > (1 + room) * costs.seconds(mandatory)
 
 
-def shared_pass_of(backend, kinds: list[str], curve) -> dict[str, int]:
+def shared_pass_of(backend, kinds: list[str], curve, batch_tokens: int | None = None) -> dict[str, int]:
     """The tokens each member fed in one shared pass through the real queue, by name: `kinds` names the
     members in the order they come ("guess..." a stream with a chain of 12 likely guesses, "plain..." a stream
     with none, "first..." a reply's prompt and first token), each with an even ledger; `curve()` makes the
-    queue's cost curve (which the pass's own timing then joins)."""
+    queue's cost curve (which the pass's own timing then joins); `batch_tokens`: the pass's budget, where
+    not the service's."""
     costs = curve()
-    queue = DeviceQueue("share-test", costs=costs)
+    queue = DeviceQueue("share-test", costs=costs) if batch_tokens is None else \
+        DeviceQueue("share-test", costs=costs, batch_tokens=batch_tokens, member_tokens=1)
     queue.fair = True  # as the service runs it
     sessions, works = {}, {}
     for seed, name in enumerate(kinds):
@@ -365,3 +367,22 @@ def test_a_first_tokens_room_is_shared_out_among_the_members_guesses(backend):
     guesses = [fed[f"guess{n}"] - 1 for n in range(1, 5)]
     assert sum(guesses) == 10 and min(guesses) >= 2, fed
 
+
+
+def flat() -> PassCosts:
+    """A device whose pass costs about the same for 1 or 32 tokens (a GPU's, below its compute bound)."""
+    costs = PassCosts()
+    for n in (1, 2, 4, 8, 16, 32):
+        costs.observe(n, (10 + n / 100) / 1000)
+    return costs
+
+
+def test_a_budget_share_a_member_leaves_goes_to_the_members_planned_after_it(backend):
+    """Three streams with no guess to send (their chains died at a miss: they wait a round trip for the
+    client's next) share a pass with one whose chain holds 12 likely guesses, on a flat curve, in a budget of
+    16 tokens: what the three leave of their shares goes to the fourth, which sends all 12. With each share
+    fixed at the pass's start (planted: a quarter of the 12 the budget leaves beside the members' own
+    tokens), it sent 3, and the pass fed 7 tokens of the 16 it could have."""
+    fed = shared_pass_of(backend, ["plain1", "plain2", "plain3", "guess1"], flat, batch_tokens=16)
+    assert [fed[f"plain{n}"] for n in (1, 2, 3)] == [1, 1, 1], fed
+    assert fed["guess1"] == 1 + 12, fed
