@@ -148,13 +148,20 @@ def test_a_missing_draft_model_is_reported_before_the_service_starts(chat_settin
 
 def test_the_default_mode_streams_and_marks_the_kept_guesses(chat_settings, paced_service, llamacpp_target):
     """The chat's default (the service streams, the drafter guesses ahead) against a GPU-paced service:
-    the reply is the target's alone, and tokens that were kept guesses are marked as drafts."""
-    engine, contexts = _engine(chat_settings(server=paced_service.url, mode="hybrid", k=None, max_tokens=40))
-    try:
-        reply = engine.reply("def quicksort(arr):", lambda: False)
-    finally:
-        engine.close()
-    turn = engine.conversation.turns[0]
-    assert reply.stop_reason == "max_tokens"
-    assert turn.reply.token_ids == target_alone(llamacpp_target, contexts[0], 40)
-    assert set(turn.reply.provenance) <= {"draft", "target"} and "draft" in turn.reply.provenance
+    the reply is the target's alone, and tokens that were kept guesses are marked as drafts. A pass of the
+    paced service takes 4 ms: with every core busy (the suite's other workers) the drafter can fall behind
+    every pass of a reply, and none of its guesses is kept; the reply is asked again, up to three times,
+    until one is, each reply checked against the target alone."""
+    for attempt in range(3):
+        engine, contexts = _engine(chat_settings(server=paced_service.url, mode="hybrid", k=None, max_tokens=40))
+        try:
+            reply = engine.reply("def quicksort(arr):", lambda: False)
+        finally:
+            engine.close()
+        turn = engine.conversation.turns[0]
+        assert reply.stop_reason == "max_tokens"
+        assert turn.reply.token_ids == target_alone(llamacpp_target, contexts[0], 40)
+        assert set(turn.reply.provenance) <= {"draft", "target"}
+        if "draft" in turn.reply.provenance:
+            break
+    assert "draft" in turn.reply.provenance, f"no kept guess was marked in {attempt + 1} replies"
