@@ -6,7 +6,11 @@ Each reply's first token, from its request reaching the queue to the end of the 
 split four ways: the rest of the pass running when the request came, the passes it waited out (begun
 after it came, before its own), the pass that made it, and the device thread's time between those passes
 (forming them, a stream's start). A client sees only the sum
-(and the round trip); docs/results.md reads the tail of the sum from this split. An emulated service's
+(and the round trip); docs/results.md reads the tail of the sum from this split. Of the sum, the part that was
+other members' guesses: each of those passes beyond its plain pass (the ledger's: every member's own tokens,
+no guesses; remote_verify/pass_ledger.py), the running one's in the share of it the request waited out. A
+first token should never wait behind others' guesses; what it waits beyond that is the load (under a closed
+loop a faster mode is asked more prompts, which meet in the passes that make their first tokens). An emulated service's
 times are its device's times `--time-scale` times over: they are divided back.
 
 Also the device thread's time from each pass's end to the next one's start (forming the next pass, handing
@@ -60,6 +64,7 @@ class FirstToken:
     own_s: float  # the pass that made it
     prompt: int
     own_over_plain: float | None  # that pass against the ledger's plain pass
+    guesses_s: float = 0.0  # of `seconds`, what those passes took beyond their plain passes (others' guesses)
 
 
 def read(path: Path) -> list[Pass]:
@@ -108,11 +113,22 @@ def first_tokens(passes: list[Pass]) -> list[FirstToken]:
                             if each.began <= arrived < each.ended), None)
             waited = passes[bisect.bisect_left(starts, arrived):index]
             waited = [each for each in waited if each is not running]
+            # the running pass's guesses delayed it by their share of what it waited of that pass
+            running_guesses_s = _beyond_plain(running) * (running.ended - arrived) / running.seconds \
+                if running and running.seconds > 0 else 0.0
             found.append(FirstToken(
                 arrived=arrived, seconds=made.ended - arrived, running_s=running.ended - arrived if running else 0.0,
                 waited_passes=len(waited), waited_s=sum(each.seconds for each in waited), own_s=made.seconds,
-                prompt=prompt, own_over_plain=made.seconds / made.plain_s if made.plain_s else None))
+                prompt=prompt, own_over_plain=made.seconds / made.plain_s if made.plain_s else None,
+                guesses_s=running_guesses_s + sum(_beyond_plain(each) for each in waited) + _beyond_plain(made)))
     return found
+
+
+def _beyond_plain(made: Pass) -> float:
+    """What `made` took beyond its plain pass: its guesses (0 where the trace gives no plain pass: no fair passes,
+    or a pass of one member; where the plain pass counts streams server-only would run, it is longer than the
+    members' own tokens take, and this less than the guesses took)."""
+    return max(0.0, made.seconds - made.plain_s) if made.plain_s else 0.0
 
 
 def summary(passes: list[Pass], time_scale: float = 1.0, windows: list[tuple[float, float]] = ()) -> dict:
@@ -165,6 +181,7 @@ def _split(firsts: list[FirstToken], ms: float) -> dict:
             "waited_ms": mean(each.waited_s * ms for each in firsts), "own_ms": mean(each.own_s * ms for each in firsts),
             "between_ms": mean((each.seconds - each.running_s - each.waited_s - each.own_s) * ms for each in firsts),
             "prompt_tokens": mean(each.prompt for each in firsts),
+            "guesses_ms": mean(each.guesses_s * ms for each in firsts),
             "own_over_plain": mean(each.own_over_plain for each in firsts if each.own_over_plain is not None)}
 
 
@@ -207,7 +224,7 @@ def main() -> None:
         print(f"{name}: {split['ms']:.1f} ms = {split['running_ms']:.1f} of the pass running when it came + "
               f"{split['waited_ms']:.1f} in {split['waited_passes']:.2f} passes waited out + {split['own_ms']:.1f} of "
               f"its own + {split['between_ms']:.1f} between passes ({split['prompt_tokens']:.0f} prompt tokens; its "
-              f"pass {split['own_over_plain']:.2f}x the plain one)")
+              f"pass {split['own_over_plain']:.2f}x the plain one; {split['guesses_ms']:.1f} ms of it others' guesses)")
 
 
 if __name__ == "__main__":
