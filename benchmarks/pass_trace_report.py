@@ -8,7 +8,8 @@ after it came, before its own), the pass that made it, and the device thread's t
 (forming them, a stream's start). A client sees only the sum
 (and the round trip); docs/results.md reads the tail of the sum from this split. Of the sum, the part that was
 other members' guesses: each of those passes beyond its plain pass (the ledger's: every member's own tokens,
-no guesses; remote_verify/pass_ledger.py), the running one's in the share of it the request waited out. A
+no guesses; remote_verify/pass_ledger.py), of the running one as much as the request waited of it (had the pass
+run without them, it would have ended that much sooner). A
 first token should never wait behind others' guesses; what it waits beyond that is the load (under a closed
 loop a faster mode is asked more prompts, which meet in the passes that make their first tokens). An emulated service's
 times are its device's times `--time-scale` times over: they are divided back.
@@ -113,9 +114,9 @@ def first_tokens(passes: list[Pass]) -> list[FirstToken]:
                             if each.began <= arrived < each.ended), None)
             waited = passes[bisect.bisect_left(starts, arrived):index]
             waited = [each for each in waited if each is not running]
-            # the running pass's guesses delayed it by their share of what it waited of that pass
-            running_guesses_s = _beyond_plain(running) * (running.ended - arrived) / running.seconds \
-                if running and running.seconds > 0 else 0.0
+            # without its guesses the running pass would have ended that much sooner: by them, or by what it
+            # waited of that pass where it came later than the pass's plain length
+            running_guesses_s = min(_beyond_plain(running), running.ended - arrived) if running else 0.0
             found.append(FirstToken(
                 arrived=arrived, seconds=made.ended - arrived, running_s=running.ended - arrived if running else 0.0,
                 waited_passes=len(waited), waited_s=sum(each.seconds for each in waited), own_s=made.seconds,

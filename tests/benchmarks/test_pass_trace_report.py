@@ -17,24 +17,24 @@ def _trace(tmp_path, passes):
 
 
 def test_a_first_token_is_split_into_the_running_pass_the_passes_waited_out_and_its_own(tmp_path):
-    """A request at 1.5 s, during a pass of 1 to 2 s, waits out the pass of 2 to 3.5 s and is made by the one of
-    3.5 to 4: 0.5 s of the running pass, 1.5 s in one pass waited out, 0.5 s its own. One at 4.2 s, made by the
+    """A request at 1.8 s, during a pass of 1 to 2 s, waits out the pass of 2 to 3.5 s and is made by the one of
+    3.5 to 4: 0.2 s of the running pass, 1.5 s in one pass waited out, 0.5 s its own. One at 4.2 s, made by the
     next pass at 4.5 to 5, waited out none. Emulated at a time scale of 10, every time a tenth. Each pass costs twice
-    its plain one: half of each is guesses."""
-    path = _trace(tmp_path, [(1.0, 1.0, 6, 4, []), (2.0, 1.5, 12, 12, []), (3.5, 0.5, 6, 6, [["u", 30, 1.5]]),
+    its plain one: half of each is guesses, and without them the running pass would have ended at 1.5 s, before the
+    request came: it waited 0.2 s of that pass's guesses, not their 0.5 s nor their share of its 0.2 s."""
+    path = _trace(tmp_path, [(1.0, 1.0, 6, 4, []), (2.0, 1.5, 12, 12, []), (3.5, 0.5, 6, 6, [["u", 30, 1.8]]),
                              (4.5, 0.5, 6, 4, [["v", 3, 4.2]])])
     made = first_tokens(read(path))
     assert [(m.seconds, m.running_s, m.waited_passes, m.waited_s, m.own_s, m.prompt) for m in made] == [
-        pytest.approx((2.5, 0.5, 1, 1.5, 0.5, 30)), pytest.approx((0.8, 0.0, 0, 0.0, 0.5, 3))]
+        pytest.approx((2.2, 0.2, 1, 1.5, 0.5, 30)), pytest.approx((0.8, 0.0, 0, 0.0, 0.5, 3))]
     assert made[0].own_over_plain == pytest.approx(2.0)
-    # every pass twice its plain one: half of what it waited of each, the running pass's too, was guesses
-    assert [m.guesses_s for m in made] == [pytest.approx(0.25 + 0.75 + 0.25), pytest.approx(0.25)]
+    assert [m.guesses_s for m in made] == [pytest.approx(0.2 + 0.75 + 0.25), pytest.approx(0.25)]
     said = summary(read(path), time_scale=10)
     assert said["passes"] == 4 and said["passes_beyond_budget"] == 1  # 12 tokens of its members' own, 8 the budget
     assert said["first_tokens"] == 2 and said["first_tokens_that_waited_a_pass"] == 1
-    assert said["first_token_p99_ms"] == pytest.approx(250.0) and said["tail"]["waited_passes"] == 1
-    assert said["median"]["ms"] == pytest.approx(250.0) and said["median"]["own_ms"] == pytest.approx(50.0)
-    assert said["median"]["guesses_ms"] == pytest.approx(125.0)
+    assert said["first_token_p99_ms"] == pytest.approx(220.0) and said["tail"]["waited_passes"] == 1
+    assert said["median"]["ms"] == pytest.approx(220.0) and said["median"]["own_ms"] == pytest.approx(50.0)
+    assert said["median"]["guesses_ms"] == pytest.approx(120.0)
     assert said["median"]["between_ms"] == pytest.approx(0.0, abs=1e-9)  # its passes end to end
     # from one pass's end to the next one's start: 0, 0 and 0.5 s, in this machine's ms (not a tenth)
     assert said["between_passes_p50_ms"] == pytest.approx(0.0, abs=1e-9)
