@@ -6,13 +6,14 @@ Each reply's first token, from its request reaching the queue to the end of the 
 split four ways: the rest of the pass running when the request came, the passes it waited out (begun
 after it came, before its own), the pass that made it, and the device thread's time between those passes
 (forming them, a stream's start). A client sees only the sum
-(and the round trip); docs/results.md reads the tail of the sum from this split. Of the sum, the part that was
-other members' guesses: each of those passes beyond its plain pass (the ledger's: every member's own tokens,
-no guesses; remote_verify/pass_ledger.py), of the running one as much as the request waited of it (had the pass
-run without them, it would have ended that much sooner). A
-first token should never wait behind others' guesses; what it waits beyond that is the load (under a closed
-loop a faster mode is asked more prompts, which meet in the passes that make their first tokens). An emulated service's
+(and the round trip); docs/results.md reads the tail of the sum from this split. An emulated service's
 times are its device's times `--time-scale` times over: they are divided back.
+
+Of the sum, the part that was other members' guesses: each of those passes beyond its plain pass (the
+ledger's: every member's own tokens, no guesses; remote_verify/pass_ledger.py), and of the running one as much
+as the request waited of it (run without them, it would have ended that much sooner). A first token should
+wait behind no one's guesses; what it waits beyond server-only's otherwise is the load (under a closed loop a
+faster mode is asked more prompts, which meet in the passes that make their first tokens).
 
 Also the device thread's time from each pass's end to the next one's start (forming the next pass, handing
 back the last one's results), in this machine's own ms: not divided, because on a real device the device
