@@ -126,11 +126,11 @@ def first_tokens(passes: list[Pass]) -> list[FirstToken]:
     return found
 
 
-def _beyond_plain(made: Pass) -> float:
-    """What `made` took beyond its plain pass: its guesses (0 where the trace gives no plain pass: no fair passes,
+def _beyond_plain(shared: Pass) -> float:
+    """What `shared` took beyond its plain pass: its guesses (0 where the trace gives no plain pass: no fair passes,
     or a pass of one member; where the plain pass counts streams server-only would run, it is longer than the
     members' own tokens take, and this less than the guesses took)."""
-    return max(0.0, made.seconds - made.plain_s) if made.plain_s else 0.0
+    return max(0.0, shared.seconds - shared.plain_s) if shared.plain_s else 0.0
 
 
 def summary(passes: list[Pass], time_scale: float = 1.0, windows: list[tuple[float, float]] = ()) -> dict:
