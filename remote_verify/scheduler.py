@@ -27,7 +27,9 @@ costs more than a curve keyed by tokens says); alone, a piece is as long as llam
 it). A feed of UNCUT_TOKENS or fewer (a new reply's short prompt) is never cut, nor one of at most a
 piece and a half (WHOLE_PIECES): cut, its tail waited a turn of its own, two passes more for its first token (the emulated
 7B at 64 users: a prompt of 115 tokens went as 108 and 7; taken whole, the first token's p99 at the
-client fell from 0.101 to 0.082 s server-only, from 0.157 to 0.106 s in the default mode). And a round goes before a piece
+client fell from 0.101 to 0.082 s server-only, from 0.157 to 0.106 s in the default mode), nor, beside streams, a
+longer one whose cut would cost its first token more than it spares their pass (`_cut_price`: a cut only moves the
+tail's tokens to a later pass, and on a GPU's flat curve spares one gap a few milliseconds). And a round goes before a piece
 that is due by charge, once (ROUND_PASSES_BEFORE_A_PIECE), so a round waits behind the one piece
 running at most, never behind a whole prefill nor a piece of every prefilling session (by charge
 alone, four clients thrashing 4,095-token Syncs made an honest round wait 56 to 100 ms in the
@@ -43,7 +45,7 @@ of the line) and up to `batch_tokens` tokens fed in all, or `member_tokens` a me
 (a pass of many members: a budget fixed whatever the members leaves each fewer guesses as they come,
 where a GPU is least idle). The session whose turn it is always
 runs, whatever its size; another joins only if its block fits what is left of the budget, or if it
-starts a reply with a prompt its own turn would take whole (at most WHOLE_PIECES pieces) while the pass's
+starts a reply with a prompt its own turn would take whole (`_goes_whole`) while the pass's
 new prompts stay within JOIN_PIECES pieces, two such prompts: held out, its first token waited a whole pass
 more (the emulated 70B at 32 users under a closed loop: every first token that waited a pass more, 1.3% of
 them and the tail its p99 is read from, had a prompt of 112 to 151 tokens held out by the 256-token budget
@@ -409,7 +411,7 @@ class DeviceQueue:
                         piece = self._piece_limit(first.session, work)
                     # a long feed is cut in its own turn, not here; a new prompt that its own turn would take
                     # whole (`_turn_limit`) may join whole
-                    if size > (WHOLE_PIECES * piece if starting and not queued.cut else piece):
+                    if size > piece and not (starting and not queued.cut and self._goes_whole(size, piece)):
                         continue
                     # a new prompt is not held out by the budget while the pass's prompts stay within
                     # JOIN_PIECES pieces (the module's docstring says why)
@@ -479,13 +481,50 @@ class DeviceQueue:
         return size > self._cut_limit(item, self._piece_limit(session, work), session)
 
     def _turn_limit(self, item: _Item, session: Hashable) -> int:
-        """The tokens `item` feeds in the turn it is taking: a short feed, or one of at most WHOLE_PIECES
-        pieces, whole; else a piece (`_cut_limit`)."""
+        """The tokens `item` feeds in the turn it is taking: a short feed, or one that goes whole (`_goes_whole`),
+        whole; else a piece (`_cut_limit`)."""
         size = self._size(item.work)
         if not item.cut and size <= UNCUT_TOKENS:
             return UNCUT_TOKENS
         limit = self._cut_limit(item, self._piece_limit(session, item.work), session)
-        return size if not item.cut and size <= WHOLE_PIECES * limit else limit
+        return size if not item.cut and self._goes_whole(size, limit) else limit
+
+    def _goes_whole(self, size: int, piece: int) -> bool:
+        """Whether a feed of `size` tokens not yet cut goes whole rather than as a `piece` and a tail: one of at most
+        WHOLE_PIECES pieces always; a longer one where the cut costs its first token more than it spares the
+        streams waiting beside it (`_cut_price`)."""
+        if size <= WHOLE_PIECES * piece:
+            return True
+        price = self._cut_price(self._plain_beside, size, piece)
+        return price is not None and price[0] <= price[1]
+
+    def _cut_price(self, streams: int, size: int, piece: int) -> tuple[float, float] | None:
+        """What cutting a feed of `size` tokens into `piece` now and its tail later spares `streams` plain members
+        (a token each) and what it costs the feed's first token, in seconds, by the curve of passes of about as many
+        members; None beside fewer than a round's tokens, before the curve is timed, or where the whole feed would
+        not leave the streams their tokens in the pass's budget.
+
+        The cut spares the streams' pass the tail's tokens, c(s + size) - c(s + piece), and hands them to a later
+        pass: their tokens come no sooner in all, only the one gap is shorter. The feed's first token waits that
+        later pass, c(s + size - piece), and at least one pass of the streams between the two (a piece is due
+        every other pass), beyond the piece's pass, where whole it would have waited c(s + size). On a GPU's
+        flat curve that is a pass or two for a few milliseconds of one gap: the emulated RTX 3090 at 64 users
+        asked on a schedule (ten streams a pass) read its 151-token prompts as 92 and 59 where a pass of all
+        151 cost 37.9 ms against 29.1, and their first tokens' p99 was 1.23x server-only's, whose 24 streams
+        left room for all of it. On a CPU's curve, which rises with every token, the tail spared is dear and
+        the cut stays."""
+        if streams < ROUND_TOKENS or not self.batch_tokens:
+            return None
+        room = min(ALONE_PIECE_TOKENS, self.budget(streams + 1) - streams)
+        if size > room:
+            return None
+        key = ("cut", streams, size, piece)
+        if key not in self._piece_memo:
+            curve = self.costs.shared(streams + 1)
+            streams_s, piece_s, whole_s, tail_s = (curve.seconds(streams + n) for n in (0, piece, size, size - piece))
+            self._piece_memo[key] = None if None in (streams_s, piece_s, whole_s, tail_s) else \
+                (whole_s - piece_s, piece_s + streams_s + tail_s - whole_s)
+        return self._piece_memo[key]
 
     def _cut_limit(self, item: _Item, piece: int, session: Hashable) -> int:
         """The tokens `item` may feed in this turn, `piece` being what the cost curve allows: a feed of

@@ -734,13 +734,14 @@ def _early_rising_curve():
     return costs
 
 
-@pytest.mark.parametrize("streams, whole", [(16, True), (2, False)])
+@pytest.mark.parametrize("streams, whole", [(16, True), (6, True), (2, False)])
 def test_a_prompt_beside_many_streams_takes_the_room_their_pass_leaves(llamacpp_target, streams, whole):
     """Beside sixteen streams on a curve that rises early and then flattens, a 150-token prompt goes whole in
     one pass: its pass costs less than two of theirs. Priced against one round alone it went in pieces of
     about 42 tokens, one every other pass, and on the emulated RTX 3090 at 64 users prompts came faster than
-    that read them (the first token's p99 over a second, in both modes). Beside two streams, pieces of about
-    42 still."""
+    that read them (the first token's p99 over a second, in both modes). Beside six streams a piece is about
+    53 tokens, but the prompt still goes whole: cut, it would spare their pass 15 ms once and cost its first
+    token 25 (`_cut_price`). Beside two (fewer than a round's tokens), pieces of about 42 still."""
     names = "abcdefghijklmnopq"[:streams] + "P"
     backend = RecordingBackend(llamacpp_target)
     sessions = _sessions(backend, names)
@@ -784,6 +785,38 @@ def test_a_pieces_price_beside_streams_never_falls_below_one_rounds():
         cpu_alone = cpu._measured_piece_tokens()
         cpu._plain_beside = 8
         assert cpu._measured_piece_tokens() == cpu_alone
+    finally:
+        gpu.shutdown()
+        cpu.shutdown()
+
+
+def test_a_cut_is_priced_by_what_it_spares_the_streams_against_what_it_costs_the_first_token():
+    """Beside ten streams on the RTX 3090's curve a 150-token prompt goes whole, not as a piece of 92 and a tail:
+    the cut would spare their pass 8.7 ms (c(160) - c(102)) and cost its first token 29 ms (the piece's pass, a
+    pass of the streams and the tail's, less the whole pass). On a CPU's curve, which rises with every token, the
+    cut spares the streams 9 s and costs the first token 1.4: cut. A prompt the pass's budget cannot hold beside
+    the streams is cut whatever the curve, as before."""
+    from remote_verify.pass_costs import PassCosts
+
+    gpu = DeviceQueue(name="cut-price", costs=_early_rising_curve())
+    costs = PassCosts()
+    for n, seconds in ((1, 0.102), (5, 0.360), (9, 0.616)):
+        costs.observe(n, seconds)
+    cpu = DeviceQueue(name="cut-price-cpu", costs=costs)
+    try:
+        gpu._plain_beside = cpu._plain_beside = 10
+        piece = gpu._measured_piece_tokens()
+        assert 88 <= piece <= 96, piece  # 150 is more than a piece and a half
+        spared, cost = gpu._cut_price(10, 150, piece)
+        assert 0.007 <= spared <= 0.010 and 0.027 <= cost <= 0.031, (spared, cost)
+        assert gpu._goes_whole(150, piece)
+        assert not gpu._goes_whole(300, piece)  # 300 + 10 streams is beyond the pass's budget (256)
+        cpu_piece = cpu._measured_piece_tokens()
+        spared, cost = cpu._cut_price(10, 150, cpu_piece)
+        assert spared > 5 * cost, (spared, cost)
+        assert not cpu._goes_whole(150, cpu_piece)
+        gpu._plain_beside = 2  # beside fewer streams than a round's tokens: the piece and a half alone
+        assert gpu._cut_price(2, 150, 42) is None and not gpu._goes_whole(150, 42)
     finally:
         gpu.shutdown()
         cpu.shutdown()
