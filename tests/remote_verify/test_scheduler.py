@@ -763,17 +763,23 @@ def test_a_prompt_beside_many_streams_takes_the_room_their_pass_leaves(llamacpp_
         assert 30 <= pieces[0] <= 50, pieces
 
 
+def _cpu_curve():
+    """A queue's cost curve like the 1.5B target's on two CPU cores (a pass of 1 / 5 / 9 tokens: 102 / 360 / 616
+    ms), rising with every token."""
+    from remote_verify.pass_costs import PassCosts
+
+    costs = PassCosts()
+    for n, seconds in ((1, 0.102), (5, 0.360), (9, 0.616)):
+        costs.observe(n, seconds)
+    return costs
+
+
 def test_a_pieces_price_beside_streams_never_falls_below_one_rounds():
     """Beside many streams a piece may cost what their pass costs (by the curve of passes of as many members),
     within the room their own tokens leave in the pass's budget; where that is less than a piece priced against
     one round alone (a CPU's curve, which rises with every token), the piece is that one."""
-    from remote_verify.pass_costs import PassCosts
-
     gpu = DeviceQueue(name="beside-price", costs=_early_rising_curve())
-    costs = PassCosts()
-    for n, seconds in ((1, 0.102), (5, 0.360), (9, 0.616)):
-        costs.observe(n, seconds)
-    cpu = DeviceQueue(name="beside-price-cpu", costs=costs)
+    cpu = DeviceQueue(name="beside-price-cpu", costs=_cpu_curve())
     try:
         alone = gpu._measured_piece_tokens()
         assert 38 <= alone <= 46, alone
@@ -796,13 +802,8 @@ def test_a_cut_is_priced_by_what_it_spares_the_streams_against_what_it_costs_the
     pass of the streams and the tail's, less the whole pass). On a CPU's curve, which rises with every token, the
     cut spares the streams 9 s and costs the first token 1.4: cut. A prompt the pass's budget cannot hold beside
     the streams is cut whatever the curve, as before."""
-    from remote_verify.pass_costs import PassCosts
-
     gpu = DeviceQueue(name="cut-price", costs=_early_rising_curve())
-    costs = PassCosts()
-    for n, seconds in ((1, 0.102), (5, 0.360), (9, 0.616)):
-        costs.observe(n, seconds)
-    cpu = DeviceQueue(name="cut-price-cpu", costs=costs)
+    cpu = DeviceQueue(name="cut-price-cpu", costs=_cpu_curve())
     try:
         gpu._plain_beside = cpu._plain_beside = 10
         piece = gpu._measured_piece_tokens()
