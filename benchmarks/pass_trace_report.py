@@ -1,6 +1,6 @@
 """Where a service's first tokens waited, read from its pass trace (`specwire serve --trace-passes FILE`).
 
-    python -m benchmarks.pass_trace_report FILE [--time-scale F] [--json] [--mode M | --everything]
+    python -m benchmarks.pass_trace_report FILE [--time-scale F] [--json] [--mode M] [--rtt-ms R] [--everything]
 
 Each reply's first token, from its request reaching the queue to the end of the pass that made it, is
 split four ways: the rest of the pass running when the request came, the passes it waited out (begun
@@ -13,7 +13,10 @@ Of the sum, the part that was other members' guesses: each of those passes beyon
 ledger's: every member's own tokens, no guesses; remote_verify/pass_ledger.py), and of the running one as much
 as the request waited of it (run without them, it would have ended that much sooner). A first token should
 wait behind no one's guesses; what it waits beyond server-only's otherwise is the load (under a closed loop a
-faster mode is asked more prompts, which meet in the passes that make their first tokens).
+faster mode is asked more prompts, which meet in the passes that make their first tokens). The p50 and p99 of the
+sums less that part say which of the two a tail is: the first tokens as they would have read had every pass they
+waited on run without guesses and the requests come as they did (a shorter pass would also have moved the
+requests its replies sent, which a trace cannot say).
 
 Also the device thread's time from each pass's end to the next one's start (forming the next pass, handing
 back the last one's results), in this machine's own ms: not divided, because on a real device the device
@@ -79,11 +82,12 @@ def read(path: Path) -> list[Pass]:
     return sorted(passes, key=lambda each: each.began)
 
 
-def read_windows(path: Path, mode: str | None = None) -> list[tuple[float, float]]:
+def read_windows(path: Path, mode: str | None = None, rtt_ms: float | None = None) -> list[tuple[float, float]]:
     """The measured windows marked in the trace (`mark_window`), in the order written: every wave's, or
-    `mode`'s (a run of both modes writes both into one trace)."""
+    `mode`'s (a run of both modes writes both into one trace), at `rtt_ms` where given (a run of several)."""
     return [tuple(record["window"]) for record in _records(path)
-            if "window" in record and (mode is None or record.get("mode") == mode)]
+            if "window" in record and (mode is None or record.get("mode") == mode)
+            and (rtt_ms is None or record.get("rtt_ms") == rtt_ms)]
 
 
 def mark_window(path: Path, start: float, end: float, **about) -> None:
@@ -163,6 +167,9 @@ def summary(passes: list[Pass], time_scale: float = 1.0, windows: list[tuple[flo
         "first_tokens": len(firsts),
         "first_token_p50_ms": percentile([each.seconds * ms for each in firsts], 50),
         "first_token_p99_ms": percentile([each.seconds * ms for each in firsts], 99),
+        # the same first tokens less the others' guesses they waited on: what the load alone left them
+        "first_token_p50_less_guesses_ms": percentile([(each.seconds - each.guesses_s) * ms for each in firsts], 50),
+        "first_token_p99_less_guesses_ms": percentile([(each.seconds - each.guesses_s) * ms for each in firsts], 99),
         "first_tokens_that_waited_a_pass": sum(1 for each in firsts if each.waited_passes),
         "tail": _split(tail, ms),  # the slowest TAIL of them
         "median": _split(firsts[len(firsts) // 2:len(firsts) // 2 + 1], ms),  # the middle one
@@ -194,6 +201,7 @@ def main() -> None:
                         help="the emulated service's --time-scale: its times are divided by it (default 1)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--mode", help="only the windows of the waves of this mode (server, default, ...)")
+    parser.add_argument("--rtt-ms", type=float, help="only the windows of the waves at this round trip")
     parser.add_argument("--everything", action="store_true",
                         help="read every pass and first token, where the file marks the benchmark's measured "
                         "windows (benchmarks.load --trace-passes): by default only those within them")
@@ -202,10 +210,10 @@ def main() -> None:
         raise SystemExit(f"--time-scale must be more than 0, got {args.time_scale}")
     if not args.trace.is_file():
         raise SystemExit(f"no pass trace at {args.trace}: write one with specwire serve --trace-passes FILE")
-    windows = [] if args.everything else read_windows(args.trace, args.mode)
-    if args.mode is not None and not windows:
-        raise SystemExit(f"no measured window of mode {args.mode!r} is marked in {args.trace}: "
-                         f"benchmarks.load --trace-passes marks each wave's")
+    windows = [] if args.everything else read_windows(args.trace, args.mode, args.rtt_ms)
+    if (args.mode is not None or args.rtt_ms is not None) and not windows:
+        raise SystemExit(f"no measured window of mode {args.mode or 'any'} at {args.rtt_ms or 'any'} ms round trip "
+                         f"is marked in {args.trace}: benchmarks.load --trace-passes marks each wave's")
     said = summary(read(args.trace), args.time_scale, windows)
     if args.json:
         print(json.dumps(said, indent=1))
@@ -222,6 +230,9 @@ def main() -> None:
     print(f"{said['first_tokens']} first tokens: p50 {said['first_token_p50_ms']:.1f} ms, p99 "
           f"{said['first_token_p99_ms']:.1f} ms; {said['first_tokens_that_waited_a_pass']} waited a pass or more "
           f"besides the one running when they came")
+    print(f"the same less the others' guesses they waited on (every pass run without them, the requests as they "
+          f"came): p50 {said['first_token_p50_less_guesses_ms']:.1f} ms, p99 "
+          f"{said['first_token_p99_less_guesses_ms']:.1f} ms")
     for name, split in (("the median one", said["median"]), (f"the slowest {tail['first_tokens']}", tail)):
         print(f"{name}: {split['ms']:.1f} ms = {split['running_ms']:.1f} of the pass running when it came + "
               f"{split['waited_ms']:.1f} in {split['waited_passes']:.2f} passes waited out + {split['own_ms']:.1f} of "

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from benchmarks.pass_trace_report import first_tokens, mark_window, read, read_windows, summary
+from benchmarks.service_level import percentile
 
 
 def _trace(tmp_path, passes):
@@ -33,6 +34,9 @@ def test_a_first_token_is_split_into_the_running_pass_the_passes_waited_out_and_
     assert said["passes"] == 4 and said["passes_beyond_budget"] == 1  # 12 tokens of its members' own, 8 the budget
     assert said["first_tokens"] == 2 and said["first_tokens_that_waited_a_pass"] == 1
     assert said["first_token_p99_ms"] == pytest.approx(220.0) and said["tail"]["waited_passes"] == 1
+    # less the guesses each waited on: 2.2 - 1.2 and 0.8 - 0.25 s, a tenth of each
+    assert said["first_token_p99_less_guesses_ms"] == pytest.approx(100.0)
+    assert said["first_token_p50_less_guesses_ms"] == pytest.approx(percentile([100.0, 55.0], 50))
     assert said["median"]["ms"] == pytest.approx(220.0) and said["median"]["own_ms"] == pytest.approx(50.0)
     assert said["median"]["guesses_ms"] == pytest.approx(120.0)
     assert said["median"]["between_ms"] == pytest.approx(0.0, abs=1e-9)  # its passes end to end
@@ -50,10 +54,12 @@ def test_the_benchmarks_windows_mark_what_is_read(tmp_path):
                              (3.5, 0.5, 6, 6, [["u", 30, 1.5]]), (4.5, 0.5, 6, 4, [])])
     mark_window(path, 1.2, 5.0, mode="default", users=2)
     mark_window(path, 6.0, 7.0, mode="server", users=2)
-    assert read_windows(path, "default") == [(1.2, 5.0)] and len(read(path)) == 5  # a mark is no pass
-    assert read_windows(path) == [(1.2, 5.0), (6.0, 7.0)]
-    assert summary(read(path), 1.0, read_windows(path))["passes_a_second"] == pytest.approx(3 / 4.8)
-    said = summary(read(path), 1.0, read_windows(path, "default"))
+    mark_window(path, 8.0, 9.0, mode="default", users=2, rtt_ms=100.0)
+    assert read_windows(path, "default") == [(1.2, 5.0), (8.0, 9.0)] and len(read(path)) == 5  # a mark is no pass
+    assert read_windows(path, "default", 100.0) == [(8.0, 9.0)] and read_windows(path, rtt_ms=14.0) == []
+    assert read_windows(path) == [(1.2, 5.0), (6.0, 7.0), (8.0, 9.0)]
+    assert summary(read(path), 1.0, read_windows(path)[:2])["passes_a_second"] == pytest.approx(3 / 4.8)
+    said = summary(read(path), 1.0, read_windows(path, "default")[:1])
     assert said["windows"] == 1 and said["passes"] == 3 and said["first_tokens"] == 1
     assert said["median"]["running_ms"] == pytest.approx(500.0) and said["median"]["ms"] == pytest.approx(2500.0)
     assert said["first_tokens_a_pass"] == pytest.approx(1 / 3)
