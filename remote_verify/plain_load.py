@@ -42,10 +42,7 @@ The same habits say when a request is due (`due`): a session that asks a steady 
 (its request's arrival, from its last pass's end) is expected that while after its last reply's end. A program
 that asks the moment a reply ends lands its request a round trip into the pass after that reply's last pass, and
 its first token waits out the rest of that pass: the queue holds such a pass to a first token's room
-(remote_verify/scheduler.py). A session on a schedule is expected its steady cycle of requests after its last
-request came (a program asking every few seconds, whatever its replies took): its request lands in a pass as
-surely, and without this it waited out others' guesses there (on the emulated 32B, users asking every 10 s at
-64 users, 62 ms of a 237-ms tail: docs/results.md). A reader's while spreads over seconds; no pass is held for it.
+(remote_verify/scheduler.py). A reader's while spreads over seconds; no pass is held for it.
 
 A session seen for its first reply only counts where it is a member now; one quiet for longer than its
 usual gap counts that much more gap, and is forgotten after FORGET_CYCLES of its own cycles.
@@ -95,8 +92,6 @@ class Habit:
     gap: Spread = field(default_factory=Spread)  # seconds from a reply's last pass to the next one's first
     cycle: Spread = field(default_factory=Spread)  # seconds from a reply's first pass to the next one's
     ask: Spread = field(default_factory=Spread)  # seconds from a reply's last pass to the next request's arrival
-    asks: Spread = field(default_factory=Spread)  # seconds from one request's arrival to the next's
-    asked: float | None = None  # when the request of the reply under way reached the queue
     current: float = 0.0  # tokens made in the reply under way
     decoding: bool = False  # its last pass made a reply's token (not a prompt's piece or first token)
     last_start: float | None = None  # when the reply under way began (time.perf_counter)
@@ -139,10 +134,6 @@ class PlainLoad:
                 habit.cycle.add(max(0.0, began - habit.last_start))
                 if came is not None and came >= habit.last_end:
                     habit.ask.add(came - habit.last_end)
-            if came is not None:
-                if habit.asked is not None and came > habit.asked:
-                    habit.asks.add(came - habit.asked)
-                habit.asked = came
             habit.current = 0.0
             habit.last_start = began
         habit.decoding = not starting
@@ -170,20 +161,16 @@ class PlainLoad:
         """Whether a new reply's request is expected to reach the queue from `start` to `end` (a pass about to
         run): that of a session between replies (not in `busy`) that asks a steady while after each reply
         ends (a program that asks the moment one ends, behind its round trip), the while's spread within the
-        pass; or that of a session on a schedule, its cycle of requests after its last came. A reader's while
-        spreads over seconds: which pass its request lands in is anybody's guess."""
+        pass. A reader's while spreads over seconds: which pass its request lands in is anybody's guess."""
         for session, habit in self._habits.items():
-            if session in busy or not habit.decoding or habit.last_end is None:
+            if (session in busy or not habit.decoding or habit.last_end is None or not habit.ask.count
+                    or habit.scheduled):
                 continue
-            if habit.scheduled:
-                if habit.asked is None or not habit.asks.count:
-                    continue
-                expected, spread = habit.asked + habit.asks.mean, DUE_SPREADS * habit.asks.deviation
-            elif habit.ask.count:
-                expected, spread = habit.last_end + habit.ask.mean, DUE_SPREADS * habit.ask.deviation
-            else:
+            spread = DUE_SPREADS * habit.ask.deviation
+            if spread > end - start:
                 continue
-            if spread <= end - start and start - spread <= expected <= end + spread:
+            expected = habit.last_end + habit.ask.mean
+            if start - spread <= expected <= end + spread:
                 return True
         return False
 

@@ -167,23 +167,3 @@ def test_a_reader_and_a_newcomer_are_never_due():
     assert all(not load.due(set(), ended + at, ended + at + 0.020) for at in (0.0, 0.3, 0.9, 1.3, 2.0))
     first = asking(load, "new", [0.014])
     assert not load.due(set(), first, first + 0.020)
-
-
-def test_a_program_on_a_schedule_is_due_its_cycle_after_its_last_request():
-    """A program that asks every 2 s whatever its replies took (0.64 to 1.28 s here), its request reaching the
-    queue 5 ms before its first pass: from its third reply it is taken to ask on a schedule, and the pass
-    formed as its next request is due (2 s after its last came) is held for it; a pass formed half a second
-    before, one while it is in the queue, and one long after are not."""
-    load = PlainLoad()
-    ended = 0.0
-    for i in range(4):
-        came = 2.0 * i
-        ended = came + 0.005 + TOKEN_S * LENGTHS[i % len(LENGTHS)]
-        load.member("agent", True, 1.0, came + 0.005, came + 0.005 + TOKEN_S, came)
-        for step in range(1, LENGTHS[i % len(LENGTHS)]):
-            load.member("agent", False, 1.0, came + 0.005 + TOKEN_S * step, came + 0.005 + TOKEN_S * (step + 1))
-    assert load._habits["agent"].scheduled and ended < 7.0
-    assert load.due(set(), 7.99, 8.01)
-    assert not load.due({"agent"}, 7.99, 8.01)  # its request is here: no longer expected
-    assert not load.due(set(), 7.45, 7.49)  # before it
-    assert not load.due(set(), 8.5, 8.52)  # overdue by far more than its cycle ever spread
