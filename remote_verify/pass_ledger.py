@@ -42,8 +42,10 @@ held against the pass as it is: its wait is now, not later.
 A member starting a reply (its pass feeds a prompt and makes the first token) starts even: its
 room is FIRST_TOKEN_ROOM (`specwire serve --first-token-room`), whatever its ledger from earlier replies,
 so the pass that carries a first token costs at most twice the plain pass, and at most FIRST_TOKEN_ROOM_MS
-more than it (`--first-token-room-ms`, 20: what a person waits for is a time; on the emulated 32B, whose
-plain pass at 32 users takes 64 ms, a room of 0.31); at 0, no guess lengthens it. (A tighter room for
+more than it (`--first-token-room-ms`, 10: what a person waits for is a time; on the emulated 32B, whose
+plain pass at 32 users takes 64 ms, a room of 0.16; at 20, the RTX 3090's first token at 32 users read
+1.62x server-only's at p99 against 1.38x at 10, for the same aggregate: docs/results.md); at 0, no guess
+lengthens it. (A tighter room for
 first tokens, 1.2x, bound nearly every pass at 64 users, where some reply starts in almost every pass:
 guesses all but stopped. None at all, once a prompt of about a piece went whole, took the emulated 7B's
 first token at 64 users to 1.13x server-only's at p99, from 1.20x, and cost the 70B at 32 users its
@@ -68,7 +70,7 @@ from __future__ import annotations
 
 from typing import Hashable
 
-# a reply's first pass costs at most 2x the plain one, and at most 20 ms more, by default
+# a reply's first pass costs at most 2x the plain one, and at most 10 ms more, by default
 from wire.limits import FIRST_TOKEN_ROOM, FIRST_TOKEN_ROOM_MS
 
 MEMORY = 0.98  # weight of the past per pass: about fifty passes

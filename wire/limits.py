@@ -80,7 +80,11 @@ FIRST_TOKEN_ROOM = 1.0
 # a person waits on for the first token is a time, not a share. A share alone added a whole plain pass where
 # passes are long: 64 ms a pass on the emulated 32B at 32 users (A100), whose first tokens read 1.8x
 # server-only's at p99, against 23 ms on the emulated 70B (2x H100), where the room of 1 stays whole.
-FIRST_TOKEN_ROOM_MS = 20.0
+# Under a closed loop the guesses in the passes a first token waits on also bunch the requests behind them:
+# 10 ms kept every profile's aggregate within its spread and took the first token's p99 from 1.62x
+# server-only's to 1.38x on the RTX 3090 at 32 users and from 1.53x to 1.27x on the A100 7B at 64, where
+# 20 ms read; below it the 70B on 2x H100 loses its aggregate (7 ms: 2.11x against 2.23x; docs/results.md).
+FIRST_TOKEN_ROOM_MS = 10.0
 
 # Bounds on the lists of one request that no service setting changes. A service refuses a
 # longer list while decoding, from the list's length header, before it builds a single
