@@ -53,13 +53,13 @@ def test_shared_passes_are_on_by_default_and_can_be_turned_off(flags, budget):
     assert build_parser().parse_args(["serve", *flags]).batch_tokens == budget
 
 
-@pytest.mark.parametrize("flags, room, beside_40_ms", [([], FIRST_TOKEN_ROOM, 0.5),
+@pytest.mark.parametrize("flags, room, beside_40_ms", [([], FIRST_TOKEN_ROOM, 0.25),
                                                        (["--first-token-room", "0"], 0.0, 0.0),
-                                                       (["--first-token-room-ms", "10"], FIRST_TOKEN_ROOM, 0.25)])
+                                                       (["--first-token-room-ms", "20"], FIRST_TOKEN_ROOM, 0.5)])
 def test_the_first_token_room_reaches_the_services_ledger(tiny, monkeypatch, flags, room, beside_40_ms):
     """--first-token-room is the room a starting member gives the pass, in the queue `specwire serve` builds, and
-    --first-token-room-ms bounds it in time: beside a plain pass of 40 ms, the default's 20 ms is a room of 0.5,
-    10 ms one of 0.25. (The service's run is replaced by one that reads its queue and returns: nothing is
+    --first-token-room-ms bounds it in time: beside a plain pass of 40 ms, the default's 10 ms is a room of 0.25,
+    20 ms one of 0.5. (The service's run is replaced by one that reads its queue and returns: nothing is
     served.)"""
     from remote_verify.server import VerifyService
 
