@@ -222,19 +222,6 @@ def test_a_first_tokens_room_is_a_time_as_well_as_a_share_of_the_plain_pass(back
     assert costs.seconds(fed_share) > costs.seconds(mandatory) + 0.002, (fed_share, mandatory)
 
 
-def test_a_first_tokens_room_in_time_is_shared_by_every_first_token_the_pass_holds_back(backend):
-    """`--first-token-room-ms 4`: a pass that makes a reply's first token while another reply's request is due to
-    land in it holds back two first tokens, and each waits out its guesses: the pass costs at most 2 ms more
-    than the plain pass; with no request due, the one first token's 4 ms take guesses past 2 (planted: the room
-    not shared, both passes feed the same)."""
-    costs = compute_bound()
-    fed, mandatory = one_shared_pass(backend, fair=True, other="first", behind=False, first_token_room_ms=4.0,
-                                     request_due=True)
-    assert mandatory < fed and costs.seconds(fed) <= costs.seconds(mandatory) + 0.002 + 1e-9, (fed, mandatory)
-    fed_alone, mandatory = one_shared_pass(backend, fair=True, other="first", behind=False, first_token_room_ms=4.0)
-    assert costs.seconds(fed_alone) > costs.seconds(mandatory) + 0.002, (fed_alone, mandatory)
-
-
 def test_a_prompt_read_in_pieces_is_not_queued_behind_other_members_guesses(backend):
     """A long prompt waits to be read in pieces (every pass until its first token delays it, those
     between its pieces too) while a guessing stream and a plain stream share a pass: the pass costs at most
