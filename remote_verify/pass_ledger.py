@@ -101,22 +101,19 @@ class PassLedger:
         self.first_token_room = first_token_room  # `specwire serve --first-token-room`
         self.first_token_room_s = first_token_room_s  # `specwire serve --first-token-room-ms`, in seconds
 
-    def room(self, session: Hashable, starting: bool, plain_s: float | None = None, waiting: int = 1) -> float:
+    def room(self, session: Hashable, starting: bool, plain_s: float | None = None) -> float:
         """How much more than the plain pass (r - 1) `session` lets a pass cost before its own guesses
-        (`plain_s`: that pass's seconds, which bound a first token's room; `waiting`: the first tokens that
-        wait on the pass)."""
+        (`plain_s`: that pass's seconds, which bound a first token's room)."""
         if starting:
-            return self.first_room(plain_s, waiting)
+            return self.first_room(plain_s)
         return self._owed.get(session, 0.0) + SLACK_TOKENS
 
-    def first_room(self, plain_s: float | None, waiting: int = 1) -> float:
+    def first_room(self, plain_s: float | None) -> float:
         """A first token's room beside a plain pass of `plain_s` seconds: FIRST_TOKEN_ROOM of it, and no more
-        than FIRST_TOKEN_ROOM_MS shared by the `waiting` first tokens the pass holds back (unknown: the share
-        alone). Every one of them waits out the guesses: the pass's guesses cost the people waiting on it that
-        many times their time."""
+        than FIRST_TOKEN_ROOM_MS (unknown: the share alone)."""
         if not plain_s or plain_s <= 0:
             return self.first_token_room
-        return min(self.first_token_room, self.first_token_room_s / max(1, waiting) / plain_s)
+        return min(self.first_token_room, self.first_token_room_s / plain_s)
 
     def after_pass(self, session: Hashable, made: float, ratio: float) -> None:
         """A pass that cost `ratio` times its plain pass, in which `session` made `made` tokens."""

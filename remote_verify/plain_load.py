@@ -157,12 +157,11 @@ class PlainLoad:
         cycle = habit.reply_s + habit.gap.mean
         return habit.gap.mean / cycle if cycle > 0 else 0.0
 
-    def due(self, busy: set[Hashable], start: float, end: float) -> int:
-        """How many new replies' requests are expected to reach the queue from `start` to `end` (a pass about
-        to run): that of a session between replies (not in `busy`) that asks a steady while after each reply
+    def due(self, busy: set[Hashable], start: float, end: float) -> bool:
+        """Whether a new reply's request is expected to reach the queue from `start` to `end` (a pass about to
+        run): that of a session between replies (not in `busy`) that asks a steady while after each reply
         ends (a program that asks the moment one ends, behind its round trip), the while's spread within the
         pass. A reader's while spreads over seconds: which pass its request lands in is anybody's guess."""
-        expected_here = 0
         for session, habit in self._habits.items():
             if (session in busy or not habit.decoding or habit.last_end is None or not habit.ask.count
                     or habit.scheduled):
@@ -172,8 +171,8 @@ class PlainLoad:
                 continue
             expected = habit.last_end + habit.ask.mean
             if start - spread <= expected <= end + spread:
-                expected_here += 1
-        return expected_here
+                return True
+        return False
 
     def streams(self, members: set[Hashable], pass_s: Callable[[int], float | None], now: float) -> float:
         """Server-only's plain streams at once under the users seen, at least len(members); `pass_s(n)`: the

@@ -747,12 +747,10 @@ class DeviceQueue:
         starts = [_starting(item.work) for item in items]
         # the plain pass, and what one more plain stream adds to it (None, 0: fairness off, or a pass of one)
         plain_s, stream_s = self._plain_s(items, mandatory, costs) if self.fair and len(items) > 1 else (None, 0.0)
-        # a new reply's request expected while this pass runs waits for it: the pass is held to a first token's room,
-        # shared by every first token that waits on it (those it makes, and those due to land in it)
-        due = self._request_due(items, plain_s) if plain_s else 0
-        waiting = due + sum(starts)
-        rooms = [self.ledger.room(item.session, starting, plain_s, waiting) for item, starting in zip(items, starts)]
-        due_room = self.ledger.first_room(plain_s, waiting) if due else float("inf")
+        rooms = [self.ledger.room(item.session, starting, plain_s) for item, starting in zip(items, starts)]
+        # a new reply's request expected while this pass runs waits for it: the pass is held to a first token's room
+        due = bool(plain_s) and self._request_due(items, plain_s)
+        due_room = self.ledger.first_room(plain_s) if due else float("inf")
         if self._prefill_waiting:  # a first token waits for this pass, in it or after it: a session's first
             rooms = [min(room, PREFILL_ROOM) for room in rooms]  # token is not queued behind others' guesses
         starting_of = {id(item): starting for item, starting in zip(items, starts)}
@@ -838,8 +836,8 @@ class DeviceQueue:
         del items, members, item, planned, error, results, result, value, forward_s, ratio, costs, starting_of
         del credit_of, first_tokens
 
-    def _request_due(self, items: list[_Item], plain_s: float) -> int:
-        """How many sessions between replies are expected to ask while a pass formed now runs (about `plain_s`):
+    def _request_due(self, items: list[_Item], plain_s: float) -> bool:
+        """Whether a session between replies is expected to ask while a pass formed now runs (about `plain_s`):
         under a program that asks the moment a reply ends, the next request lands a round trip into the pass
         after that reply's last, and waits out the rest of it."""
         with self._ready:
