@@ -297,6 +297,52 @@ def same_slowest(a: WaveRecord, b: WaveRecord) -> tuple[float, float, int, int] 
     return slowest(a), slowest(b), len({user for user, _ in common}), len(common)
 
 
+def same_reply_times(a: WaveRecord, b: WaveRecord) -> ReplyTimes | None:
+    """Each reply's whole time (request to last token, first token included) in a against b, on the replies
+    both finished under the full load (None: none in common). What a person waits for is the reply, and its
+    first token is a few tens of ms of it: this reads a mode's first tokens and every token after them at once,
+    on the same text. Left out of both: the first wave (every user's prompt at once) and each user's last
+    reply in either, which ends after the window, while the others have stopped asking: server-only's last
+    replies ran in a thinning service (the emulated 7B at 64 users: 2.16 s on average against 2.40 s for its
+    others), and read
+    against the same replies in the full service of a faster mode, which was further on by then, they made that
+    mode look up to 1.67x slower on them where it was 1.09x at most."""
+    ended = _last_replies(a) | _last_replies(b)
+    walls_b = {(user, k): wall for user, k, wall, _ in b.replies if k > 0 and (user, k) not in ended}
+    common = [(wall, walls_b[(user, k)]) for user, k, wall, _ in a.replies if (user, k) in walls_b]
+    if not common:
+        return None
+    times_a = [wall / a.time_scale for wall, _ in common]
+    times_b = [wall / b.time_scale for _, wall in common]
+    ratios = [x / y for x, y in zip(times_a, times_b) if y > 0]
+    return ReplyTimes(p99_s=percentile(times_a, 99), other_p99_s=percentile(times_b, 99), replies=len(common),
+                      interval=percentile_ratio_interval(times_a, times_b),
+                      slower=sum(ratio > 1.0 for ratio in ratios) / max(len(ratios), 1),
+                      worst=max(ratios, default=0.0))
+
+
+@dataclass
+class ReplyTimes:
+    """`same_reply_times`: the p99 of a whole reply's seconds in each mode, how many replies, the range the ratio
+    of the two moves over by resampling them, the share of replies slower than the same reply in the other mode,
+    and the most any was."""
+
+    p99_s: float
+    other_p99_s: float
+    replies: int
+    interval: tuple[float, float] | None
+    slower: float
+    worst: float
+
+
+def _last_replies(record: WaveRecord) -> set[tuple[int, int]]:
+    """(user, reply number) of each user's last reply in `record`."""
+    last: dict[int, int] = {}
+    for user, k, _, _ in record.replies:
+        last[user] = max(last.get(user, k), k)
+    return set(last.items())
+
+
 def run_capacity(target_profile: str, drafter_profile: str, rtts_ms: list[float], user_counts: list[int],
                  modes: list[str], kinds: list[str], max_tokens: int, seconds: float, time_scale: float,
                  recording_path: Path = DEFAULT_RECORDING, vocab_path: Path | None = None,
@@ -449,6 +495,11 @@ def print_records(records: list[WaveRecord]) -> None:
                   + (f"; the slowest user on the same {slow[3]} replies of {slow[2]} users {slow[0]:.1f} tok/s "
                      f"against {slow[1]:.1f} (x{slow[0] / slow[1]:.2f})"
                      if (slow := same_slowest(r, server)) and slow[1] > 0 else "")
+                  + (f"; a whole reply p99 on the same {whole.replies} replies {whole.p99_s:.3f} s against "
+                     f"{whole.other_p99_s:.3f} (x{whole.p99_s / whole.other_p99_s:.2f}"
+                     + (f", {whole.interval[0]:.2f} to {whole.interval[1]:.2f}" if whole.interval else "")
+                     + f"), {whole.slower:.0%} of them slower than server-only's, x{whole.worst:.2f} at most"
+                     if (whole := same_reply_times(r, server)) and whole.other_p99_s > 0 else "")
                   + (f"; the slowest user over its replies {r.reply_rates[0]:.1f} tok/s against "
                      f"{server.reply_rates[0]:.1f} (x{r.reply_rates[0] / server.reply_rates[0]:.2f})"
                      if r.reply_rates and server.reply_rates else ""))

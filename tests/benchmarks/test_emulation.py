@@ -494,6 +494,33 @@ def test_the_slowest_user_compares_on_the_replies_both_modes_finished():
     assert same_slowest(default, wave("server", [(0, 0, 1.0, 96)])) is None  # the first wave alone
 
 
+def test_whole_replies_compare_on_the_replies_both_modes_finished_under_the_full_load():
+    """`same_reply_times`: a reply's whole time in two modes over the (user, reply) pairs both finished, less
+    the first wave and each user's last reply in either mode (it ends while the others have stopped asking:
+    a thinning service, which made a faster mode read slower on it than it was)."""
+    from benchmarks.capacity import WaveRecord, same_reply_times
+
+    def wave(mode, replies):
+        return WaveRecord(users=2, mode=mode, rtt_ms=14, emulated="x", aggregate_tok_s=0, user_p50_tok_s=0,
+                          user_p99_tok_s=0, user_min_tok_s=0, first_token_p50_s=0, first_token_p99_s=0,
+                          users_at_20_tok_s=0, passes_per_token=0, acceptance=0, utilization=0, differing=0,
+                          errors=[], time_scale=10, replies=replies)
+
+    # server-only's last replies (0, 3) and (1, 2) ran in a thinning service: fast
+    server = wave("server", [(0, 0, 9.0, 96), (0, 1, 20.0, 96), (0, 2, 20.0, 96), (0, 3, 5.0, 96),
+                             (1, 0, 9.0, 96), (1, 1, 20.0, 96), (1, 2, 5.0, 96)])
+    default = wave("default", [(0, 0, 9.0, 96), (0, 1, 10.0, 96), (0, 2, 22.0, 96), (0, 3, 10.0, 96),
+                               (0, 4, 10.0, 96), (1, 0, 9.0, 96), (1, 1, 10.0, 96), (1, 2, 10.0, 96),
+                               (1, 3, 10.0, 96)])
+    whole = same_reply_times(default, server)
+    assert whole.replies == 3  # (0, 1), (0, 2), (1, 1)
+    assert whole.p99_s == pytest.approx(2.2) and whole.other_p99_s == pytest.approx(2.0)
+    assert whole.slower == pytest.approx(1 / 3) and whole.worst == pytest.approx(1.1)
+    low, high = whole.interval
+    assert 0.5 - 1e-6 <= low <= high <= 1.1 + 1e-6
+    assert same_reply_times(default, wave("server", [(0, 0, 9.0, 96), (0, 1, 20.0, 96)])) is None  # first, last
+
+
 def test_a_recorded_guess_stays_first_where_a_new_evaluation_breaks_a_near_tie_the_other_way():
     from benchmarks.emulation.record import guess_first
 
