@@ -9,8 +9,8 @@ after it came, before its own), the pass that made it, and the device thread's t
 (and the round trip); docs/results.md reads the tail of the sum from this split. An emulated service's
 times are its device's times `--time-scale` times over: they are divided back.
 
-Of the sum, the part that was other members' guesses: each of those passes beyond its plain pass (every
-member's own tokens, no guesses: the ledger's, every prompt counted; remote_verify/pass_trace.py), and of the running one as much
+Of the sum, the part that was other members' guesses: each of those passes beyond its plain pass (the
+ledger's: every member's own tokens, no guesses; remote_verify/pass_ledger.py), and of the running one as much
 as the request waited of it (run without them, it would have ended that much sooner). A first token should
 wait behind no one's guesses; what it waits beyond server-only's otherwise is the load (under a closed loop a
 faster mode is asked more prompts, which meet in the passes that make their first tokens). The p50 and p99 of the

@@ -68,10 +68,6 @@ class ServiceMetrics:
                                    "under the users now, as the last shared pass priced its plain pass (the "
                                    "fairness ledger's counterfactual: the pass's members, and more where users "
                                    "read between replies)", registry=r)
-        self.plain_prompt_share = Gauge("specwire_plain_prompt_share", "of the prompts this service is asked, "
-                                        "the share a server-only service would be under the same users (the "
-                                        "plain pass reads that share of each pass's prompts; below 1 where "
-                                        "users ask again the moment a faster reply ends)", registry=r)
         self.micro_batches = Gauge("specwire_target_micro_batches", "llama.cpp micro-batches those passes ran "
                                    "in (each a graph run; 0 on other backends)", registry=r)
         self.padding_tokens = Gauge("specwire_target_padding_tokens", "tokens llama.cpp computed and threw away "

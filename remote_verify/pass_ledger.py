@@ -3,12 +3,7 @@
 A shared pass costs c(its tokens). As plain streams (one token each, no guesses) the same
 members would have run a pass of c(their own tokens), and one token more for each further stream
 server-only would run under the same users (users who read between replies: remote_verify/plain_load.py;
-none under a closed load): the plain pass. Of the prompts the pass reads, it holds server-only's share
-(`PlainLoad.prompt_share`): under a closed loop a faster service is asked more of them, and they are the
-guesses' doing (the emulated 7B at 64 users: 1.24 a pass against server-only's 0.61, a pass without guesses
-26.7 ms against server-only's 24.1; held to the passes as they came, a reply whose guesses all failed took
-up to 1.09x as long as the same reply under server-only, and 1.04x held to that share: docs/results.md).
-Guesses make the pass
+none under a closed load): the plain pass. Guesses make the pass
 cost r = c(actual) / c(plain) times that, so every member waits r times as long for its
 pass; a member that expects to commit 1 + g tokens (g: its kept guesses) made 1 + g in the
 time a plain stream made r. Its ledger keeps the difference, made - r, as a decayed sum
@@ -106,24 +101,19 @@ class PassLedger:
         self.first_token_room = first_token_room  # `specwire serve --first-token-room`
         self.first_token_room_s = first_token_room_s  # `specwire serve --first-token-room-ms`, in seconds
 
-    def room(self, session: Hashable, starting: bool, plain_s: float | None = None,
-             base_s: float | None = None) -> float:
+    def room(self, session: Hashable, starting: bool, plain_s: float | None = None) -> float:
         """How much more than the plain pass (r - 1) `session` lets a pass cost before its own guesses
-        (`plain_s`: that pass's seconds, which bound a first token's room; `base_s`: `first_room`'s)."""
+        (`plain_s`: that pass's seconds, which bound a first token's room)."""
         if starting:
-            return self.first_room(plain_s, base_s)
+            return self.first_room(plain_s)
         return self._owed.get(session, 0.0) + SLACK_TOKENS
 
-    def first_room(self, plain_s: float | None, base_s: float | None = None) -> float:
-        """A first token's room beside a plain pass of `plain_s` seconds, as a part of it: FIRST_TOKEN_ROOM of
-        the pass as its members' own tokens make it (`base_s`; unknown: the plain pass), and no more than
-        FIRST_TOKEN_ROOM_MS beyond it (unknown plain pass: the share alone). The first token waits for the pass
-        as it is, whatever server-only's would have held (the prompts a faster service is asked more of)."""
+    def first_room(self, plain_s: float | None) -> float:
+        """A first token's room beside a plain pass of `plain_s` seconds: FIRST_TOKEN_ROOM of it, and no more
+        than FIRST_TOKEN_ROOM_MS (unknown: the share alone)."""
         if not plain_s or plain_s <= 0:
             return self.first_token_room
-        base_s = plain_s if not base_s or base_s <= 0 else base_s
-        bound_s = min(base_s * (1.0 + self.first_token_room), base_s + self.first_token_room_s)
-        return max(0.0, bound_s / plain_s - 1.0)
+        return min(self.first_token_room, self.first_token_room_s / plain_s)
 
     def after_pass(self, session: Hashable, made: float, ratio: float) -> None:
         """A pass that cost `ratio` times its plain pass, in which `session` made `made` tokens."""

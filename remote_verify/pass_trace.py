@@ -7,9 +7,8 @@ sees only the sum.
 
 Each line is one of:
 - `{"pass": began, "s": seconds, "members": n, "tokens": fed, "own": tokens the members had to feed,
-  "budget": the pass's token budget, "plain_s": the pass without its guesses, the further streams
-  server-only would run beside them (the ledger's plain pass, but with every prompt the pass read; null
-  without fair passes or alone), "first": [[session, prompt tokens, arrived], ...]}`: a shared pass; `first` holds each member
+  "budget": the pass's token budget, "plain_s": the ledger's plain pass (null without fair passes or
+  alone), "first": [[session, prompt tokens, arrived], ...]}`: a shared pass; `first` holds each member
   whose reply's first token this pass made (its prompt's last piece), `arrived` when its request reached
   the queue (a stream's start, where it has one);
 - `{"opened": t}`: the first line, when the file was opened;

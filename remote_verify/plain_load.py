@@ -44,11 +44,6 @@ that asks the moment a reply ends lands its request a round trip into the pass a
 its first token waits out the rest of that pass: the queue holds such a pass to a first token's room
 (remote_verify/scheduler.py). A reader's while spreads over seconds; no pass is held for it.
 
-The same habits say how many prompts server-only would be asked (`prompt_share`): each user begins a reply a
-cycle, here its cycle as measured, under server-only its reply at a plain stream's speed and the gap it would
-leave. A closed loop asks a faster service more often; a user on a schedule, or one who reads for long,
-about as often. The plain pass reads that share of a pass's prompts (remote_verify/scheduler.py).
-
 A session seen for its first reply only counts where it is a member now; one quiet for longer than its
 usual gap counts that much more gap, and is forgotten after FORGET_CYCLES of its own cycles.
 """
@@ -125,8 +120,6 @@ class PlainLoad:
 
     def __init__(self) -> None:
         self._habits: dict[Hashable, Habit] = {}
-        # server-only's new replies a second over this service's, as `streams` last counted (at most 1)
-        self.prompt_share = 1.0
 
     def member(self, session: Hashable, starting: bool, made: float, began: float, ended: float,
                came: float | None = None) -> None:
@@ -209,25 +202,7 @@ class PlainLoad:
                 streams = following
                 break
             streams = following
-        self.prompt_share = self._prompt_share([habit for habit, _ in known], pass_s(round(streams)))
         return streams
-
-    @staticmethod
-    def _prompt_share(known: list[Habit], seconds: float | None) -> float:
-        """Server-only's new replies a second over this service's, under the users seen (1: none known): each
-        user begins one a cycle, here its cycle as measured, under server-only its reply at `seconds` a token
-        and the gap it would leave. Under a closed loop a faster service is asked more prompts (the emulated 7B
-        at 64 users: 1.24 a pass against server-only's 0.61), and the plain pass that holds all of them costs
-        more than server-only's ever does (26.7 ms against 24.1): priced so, a member whose guesses all fail
-        was held to a speed below a plain stream's, by the prompts that others' guesses brought."""
-        if not seconds or not known:
-            return 1.0
-        here = sum(1.0 / habit.cycle.mean for habit in known if habit.cycle.mean > 0)
-        server_only = 0.0
-        for habit in known:
-            cycle = habit.tokens.mean * seconds + habit.server_only_gap(seconds)
-            server_only += 1.0 / cycle if cycle > 0 else 0.0
-        return min(1.0, server_only / here) if here > 0 else 1.0
 
 
 def _busy(reply_s: float, gap_s: float) -> float:

@@ -746,12 +746,11 @@ class DeviceQueue:
         so_far.costs = costs
         starts = [_starting(item.work) for item in items]
         # the plain pass, and what one more plain stream adds to it (None, 0: fairness off, or a pass of one)
-        plain_s, stream_s, base_s = self._plain_s(items, sizes, starts, costs) if self.fair and len(items) > 1 \
-            else (None, 0.0, None)
-        rooms = [self.ledger.room(item.session, starting, plain_s, base_s) for item, starting in zip(items, starts)]
+        plain_s, stream_s = self._plain_s(items, mandatory, costs) if self.fair and len(items) > 1 else (None, 0.0)
+        rooms = [self.ledger.room(item.session, starting, plain_s) for item, starting in zip(items, starts)]
         # a new reply's request expected while this pass runs waits for it: the pass is held to a first token's room
         due = bool(plain_s) and self._request_due(items, plain_s)
-        due_room = self.ledger.first_room(plain_s, base_s) if due else float("inf")
+        due_room = self.ledger.first_room(plain_s) if due else float("inf")
         if self._prefill_waiting:  # a first token waits for this pass, in it or after it: a session's first
             rooms = [min(room, PREFILL_ROOM) for room in rooms]  # token is not queued behind others' guesses
         starting_of = {id(item): starting for item, starting in zip(items, starts)}
@@ -812,9 +811,8 @@ class DeviceQueue:
                 forward_s = ended - began
                 self.busy_s += forward_s
                 if first_tokens is not None:
-                    # the pass without its guesses, every prompt it read counted (what the trace's report reads)
                     _keep_books(self.trace.shared_pass, began, forward_s, len(members), so_far.tokens, mandatory,
-                                budget, base_s, first_tokens)
+                                budget, plain_s, first_tokens)
                 _keep_books(self.costs.observe, so_far.tokens, forward_s, len(members))
                 _keep_books(self._time_pieces, members, forward_s)
                 made_by: list[tuple[_Item, float]] = []
@@ -857,34 +855,25 @@ class DeviceQueue:
                 for item, size, starting in zip(items, sizes, starts)
                 if starting and item.rest is None and id(item) in planned]
 
-    def _plain_s(self, items: list[_Item], sizes: list[int], starts: list[bool],
-                 costs: PassCosts) -> tuple[float | None, float, float | None]:
+    def _plain_s(self, items: list[_Item], mandatory: int, costs: PassCosts) -> tuple[float | None, float]:
         """The plain pass: the members' own tokens, and each further stream server-only would run under these
-        users (remote_verify/plain_load.py), priced as a member of this pass costs; that price (`_stream_s`);
-        and the same pass with every prompt this one reads (what a first token's room is measured from). Of
-        the prompts, the plain pass reads server-only's share (`PlainLoad.prompt_share`): a faster service is
-        asked more of them, and what they cost the others is the guesses' doing, not a plain stream's lot."""
+        users (remote_verify/plain_load.py), priced as a member of this pass costs; and that price (`_stream_s`)."""
         members = len(items)
-        mandatory = sum(sizes)
         members_s = costs.seconds(mandatory)
         stream_s = self._stream_s(mandatory, members_s)
 
-        def plain_pass_s(streams: int, tokens: int = mandatory) -> float | None:
+        def plain_pass_s(streams: int) -> float | None:
             extra = max(0, streams - members)
-            by_tokens = costs.seconds(tokens + extra)
-            own_s = members_s if tokens == mandatory else costs.seconds(tokens)
-            if own_s is None or by_tokens is None:
+            by_tokens = costs.seconds(mandatory + extra)
+            if members_s is None or by_tokens is None:
                 return by_tokens
-            return max(by_tokens, own_s + extra * stream_s)
+            return max(by_tokens, members_s + extra * stream_s)
 
         if self._streams_counted_at is None or self.passes - self._streams_counted_at >= PLAIN_LOAD_PASSES:
             self.plain_streams = self.plain_load.streams({item.session for item in items}, plain_pass_s,
                                                          time.perf_counter())
             self._streams_counted_at = self.passes
-        streams = round(max(self.plain_streams, members))
-        prompts = sum(size - 1 for size, starting in zip(sizes, starts) if starting)  # beyond each one's token
-        read = mandatory - round((1.0 - self.plain_load.prompt_share) * prompts)
-        return plain_pass_s(streams, read), stream_s, plain_pass_s(streams)
+        return plain_pass_s(round(max(self.plain_streams, members))), stream_s
 
     def _stream_s(self, mandatory: int, members_s: float | None) -> float:
         """What one more plain stream adds to a pass: what this pass's members' tokens cost beyond a pass of one

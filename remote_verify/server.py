@@ -142,7 +142,6 @@ class VerifyService:
         self.metrics.target_passes.set_function(lambda: self.queue.passes)
         self.metrics.pass_members.set_function(lambda: self.queue.shared_items)
         self.metrics.plain_streams.set_function(lambda: self.queue.plain_streams)
-        self.metrics.plain_prompt_share.set_function(lambda: self.queue.plain_load.prompt_share)
         self.metrics.micro_batches.set_function(lambda: getattr(self.backend, "ubatches", 0))
         self.metrics.padding_tokens.set_function(lambda: getattr(self.backend, "padded_tokens", 0))
         self.metrics.kv_slots.set_function(lambda: getattr(self.backend, "kv_slots", 0))

@@ -234,28 +234,6 @@ def test_a_prompt_read_in_pieces_is_not_queued_behind_other_members_guesses(back
     assert costs.seconds(fed_alone) > (1 + PREFILL_ROOM) * costs.seconds(mandatory)  # no prompt waits: the room is used
 
 
-def test_the_plain_pass_reads_the_prompts_server_only_would_and_a_first_token_waits_for_the_pass_as_it_is():
-    """Under a closed loop a faster service is asked more prompts than server-only: the plain pass (what each
-    member's ledger is held to) reads server-only's share of this pass's prompts, beyond each one's own token; a
-    first token's room is measured from the pass as it is, every prompt in it. On c(n) = 2 + n ms, a stream
-    of one token and a reply's prompt of 21: the pass as it is 24 ms; at a share of a half, the plain pass 14."""
-    from types import SimpleNamespace
-
-    costs = compute_bound()
-    queue = DeviceQueue("plain-prompts", costs=costs)
-    try:
-        queue.plain_load._prompt_share = lambda known, seconds: 0.5  # (the habits' count: test_plain_load.py)
-        queue.plain_load.prompt_share = 0.5
-        items = [SimpleNamespace(session="stream"), SimpleNamespace(session="asking")]
-        plain_s, _, base_s = queue._plain_s(items, [1, 21], [False, True], costs)
-        assert base_s == pytest.approx(0.024) and plain_s == pytest.approx(0.014)
-        ledger = queue.ledger  # a first token's room: 10 ms beyond the pass as it is, as a part of the plain one
-        assert (1 + ledger.first_room(plain_s, base_s)) * plain_s == pytest.approx(base_s + ledger.first_token_room_s)
-        assert ledger.first_room(0.024) == pytest.approx(ledger.first_token_room_s / 0.024)  # no base: the plain
-    finally:
-        queue.shutdown()
-
-
 def test_a_pass_is_priced_by_passes_of_about_as_many_members(backend, monkeypatch):
     """The passes of one member timed compute-bound (each token costs), many times; the passes of two
     timed flat, once: a pass of two members is priced by the passes of two and takes every guess.

@@ -66,33 +66,6 @@ def test_a_closed_loop_runs_the_members_it_has():
     assert load.streams(set(range(30)), plain_pass_s, now) == pytest.approx(30, abs=0.5)
 
 
-def test_a_faster_service_under_a_closed_loop_is_asked_more_prompts_than_server_only_would_be():
-    """32 users asking again a round trip after each reply of 96 tokens, a token in 10 ms here: each begins a
-    reply every 0.974 s, under server-only every 96 c(32) + 0.014 s (2.24 s): server-only reads that share of
-    the prompts this service does. Users already at a plain stream's speed, the whole share."""
-    load = PlainLoad()
-    for user in range(32):
-        ended = -0.014
-        for _ in range(5):
-            ended = reply(load, user, 96, ended + 0.014)
-    load.streams(set(range(32)), plain_pass_s, ended)
-    assert load.prompt_share == pytest.approx(0.974 / (96 * plain_pass_s(32) + 0.014), rel=0.02)
-
-    plain_speed = PlainLoad()
-    for user in range(32):
-        ended = -0.014
-        for _ in range(5):
-            began = ended + 0.014
-            plain_speed.member(user, True, 1.0, began, began + plain_pass_s(32))
-            for step in range(1, 96):
-                plain_speed.member(user, False, 1.0, began + plain_pass_s(32) * step,
-                                   began + plain_pass_s(32) * (step + 1))
-            ended = began + 96 * plain_pass_s(32)
-    plain_speed.streams(set(range(32)), plain_pass_s, ended)
-    assert plain_speed.prompt_share == pytest.approx(1.0, abs=0.01)
-    assert PlainLoad().prompt_share == 1.0  # nobody known: the prompts as they come
-
-
 def test_users_who_read_between_replies_keep_more_streams_open_under_server_only():
     """200 users reading 4 s after each reply, 10 of them in a reply now: under server-only each is in a
     reply L c / (L c + 4) of the time, here R / (R + 4) (R: its replies' seconds here); server-only's
