@@ -51,9 +51,11 @@ window: what is not is this machine's own overhead between passes), how late the
 threads woke (the client lag, p99, over the time scale: emulated time the clients added to what they
 measured; benchmarks/client_lag.py), and the replies that differ from the target's path. Beside server-only's, each mode's figures are also read on the same
 replies (the same prompts, so the same text): the speed over replies both finished (`same_replies`),
-the first token's p99 over replies both began (`same_first_tokens`), and the slowest user's speed over
+the first token's p99 over replies both began (`same_first_tokens`), the slowest user's speed over
 replies both finished but the first wave (`same_slowest`): under a closed loop the window's slowest user is
-whoever's window held the hardest text, a different user in each mode.
+whoever's window held the hardest text, a different user in each mode; and a whole reply's time, request to
+last token, over replies both finished in the full service (`same_reply_times`): its p99, the share of
+replies slower than server-only's same reply, and the most any was.
 Every figure is emulated and says so (`emulated`: the target profile's name, and the
 drafter's). `--time-scale F` runs every emulated duration (passes, drafted tokens, the round
 trip) F times slower and reports rates F times higher: on a machine too small for the number
