@@ -184,9 +184,6 @@ class Shareable:
     split: Callable[[int], "tuple[Shareable, Any] | None"] | None = None
     # whether it starts a reply (feeds a prompt, makes a first token): its pass costs what plain streams' would
     starting: Callable[[], bool] | None = None
-    # the chance that each guess it may add is kept, in the order its pass would take them (None: no guesses);
-    # read on the device thread, where a first token's room is given to the likeliest guesses of all members
-    chances: Callable[[], list[float]] | None = None
 
     def __call__(self) -> Any:
         """Run alone: plan, one pass, finish."""
@@ -279,7 +276,6 @@ class DeviceQueue:
         self.ledger = PassLedger()  # each session's gain against a plain stream (fair shared passes)
         self.plain_load = PlainLoad()  # the plain streams server-only would run under these users (the ledger's)
         self.plain_streams = 0.0  # ... as last counted (every PLAIN_LOAD_PASSES passes)
-        self.likeliest_first = True  # a first token's room goes to the likeliest guesses (False: an even share each)
         self.trace: PassTrace | None = None  # every pass written down (`specwire serve --trace-passes`)
         # when each session's work came after it had none waiting (a request: a reply's start, a round), until the
         # pass that serves it has run (a stream's start runs none; a prompt's pieces, until the last)
@@ -764,9 +760,6 @@ class DeviceQueue:
         # what each member's kept guess frees in later passes (remote_verify/plain_load.py `freed`), in seconds
         credits = [0.0 if first[i] or due or not plain_s else self.plain_load.freed(item.session) * stream_s
                    for i, item in enumerate(items)]
-        # a first token waits for this pass (its own, a prompt's pieces waiting, or a request due): the guesses
-        # that fit in its room go to the likeliest of every member's, not an even share each
-        likeliest = self._likeliest_shares(items, rooms, first, due_room, plain_s, costs, mandatory, budget)
         gains: list[float | None] = [None] * len(items)  # planned members' expected kept guesses
         within: dict[float, float] = {}  # the tokens a pass may feed within a first token's room, by that bound
         for i, item in enumerate(items):
@@ -789,7 +782,7 @@ class DeviceQueue:
                     if bound_s not in within:  # it changes only as a first token's member is planned
                         within[bound_s] = _tokens_within(costs, bound_s, mandatory, budget, len(items))
                     fits = within[bound_s]
-            so_far.share = _guess_share(fits, so_far.tokens, sizes[i:]) if likeliest is None else likeliest[i]
+            so_far.share = _guess_share(fits, so_far.tokens, sizes[i:])
             planned, error = _attempt(item.work.plan, so_far)
             if error is not None:  # refused before the pass: the others go on
                 self._hand_back(item, None, error, started)
@@ -842,30 +835,6 @@ class DeviceQueue:
         members.clear()
         del items, members, item, planned, error, results, result, value, forward_s, ratio, costs, starting_of
         del credit_of, first_tokens
-
-    def _likeliest_shares(self, items: list[_Item], rooms: list[float], first: list[bool], due_room: float,
-                          plain_s: float | None, costs: PassCosts, mandatory: int, budget: float) -> list[int] | None:
-        """Where a first token waits for the pass (None where none does): how many guesses each member may add,
-        the room's guesses given to the likeliest of all the members' (each member's counted as a prefix of
-        its own). Shared evenly, a member whose text drafts badly (prose, a stream whose chain is young) took
-        as many of a first token's ms as one whose guesses are nearly all kept, and a room bought fewer tokens."""
-        if not plain_s or not self.likeliest_first:
-            return None
-        room = min([due_room] + [rooms[j] for j in range(len(items)) if first[j]])
-        if room == float("inf"):
-            return None
-        spare = int(_tokens_within(costs, (1.0 + room) * plain_s, mandatory, budget, len(items)) - mandatory)
-        ranked = []
-        for i, item in enumerate(items):
-            chances = getattr(item.work, "chances", None)
-            found, error = _attempt(chances) if chances is not None else ([], None)
-            if error is None:
-                ranked.extend((chance, i) for chance in found or [])
-        ranked.sort(key=lambda each: -each[0])
-        shares = [0] * len(items)
-        for _, i in ranked[:max(spare, 0)]:
-            shares[i] += 1
-        return shares
 
     def _request_due(self, items: list[_Item], plain_s: float) -> bool:
         """Whether a session between replies is expected to ask while a pass formed now runs (about `plain_s`):

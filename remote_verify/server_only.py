@@ -93,7 +93,7 @@ async def stream_generation(session: Session, request: Generate, queue: DeviceQu
 
             return replace(planned, finish=finish)
 
-        outer = Shareable(inner.backend, plan, inner.tokens, starting=inner.starting, chances=inner.chances)
+        outer = Shareable(inner.backend, plan, inner.tokens, starting=inner.starting)
 
         def split(limit: int):
             """A long prompt's prefill in pieces, each a turn of its own beside the other sessions'

@@ -293,18 +293,7 @@ class Session:
         work = Shareable(self.backend, partial(self._plan_stream_pass, drafts, stop_ids, room, costs), tokens,
                          starting=lambda: tokens() > 1)  # a new prompt (or a Sync's history) before its first token
         work.split = partial(self._split_stream, work)
-        work.chances = partial(self._guess_chances, drafts, stop_ids, room)
         return work
-
-    def _guess_chances(self, drafts: StreamDrafts | None, stop_ids: frozenset[int], room: int) -> list[float]:
-        """The chance that each guess a pass may verify is kept, in the order the pass takes them: a chain's
-        i-th, acceptance to the i; a tree's, `tree_chances`."""
-        guesses, _ = self._guesses(drafts, stop_ids, room)
-        if drafts is None or not len(guesses):
-            return []
-        if guesses.is_chain:
-            return [drafts.acceptance ** (i + 1) for i in range(len(guesses))]
-        return tree_chances(guesses, drafts.acceptance)
 
     def _split_stream(self, work: Shareable, limit: int) -> tuple[Shareable, Shareable] | None:
         """Chunked prefill before a stream's pass: (a piece, the same pass after it), or None."""

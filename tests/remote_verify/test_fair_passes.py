@@ -48,13 +48,13 @@ def compute_bound() -> PassCosts:
     return costs
 
 
-def guessing_stream(backend, costs: PassCosts, acceptance: float = 0.99) -> tuple[Session, object]:
-    """A stream one token in, with 12 guesses of a chain right `acceptance` of the time so far."""
+def guessing_stream(backend, costs: PassCosts) -> tuple[Session, object]:
+    """A stream one token in, with 12 guesses of a chain right 99% of the time so far."""
     session = Session(backend, SamplingParams(), seed=1, limits=SessionLimits())
     session.start_generation(Generate(seq=1, committed_len=0, append=[1, 2, 3]))
     session.generate_step()
     drafts = StreamDrafts(seq=1)
-    drafts._accepted, drafts._tested = 100.0 * acceptance, 100.0
+    drafts._accepted, drafts._tested = 99.0, 100.0
     drafts.receive(Draft(seq=1, chain=1, start=len(session.committed), tokens=list(range(5, 17))))
     return session, session.stream_work(drafts, room=100, costs=costs)  # priced by the queue's curve
 
@@ -310,23 +310,20 @@ def test_a_pass_a_new_replys_request_is_due_to_land_in_is_held_to_a_first_tokens
     assert costs.seconds(fed_alone) > (1 + room) * costs.seconds(mandatory)
 
 
-def shared_pass_of(backend, kinds: list[str], curve, batch_tokens: int | None = None,
-                   likeliest: bool = True) -> dict[str, int]:
+def shared_pass_of(backend, kinds: list[str], curve, batch_tokens: int | None = None) -> dict[str, int]:
     """The tokens each member fed in one shared pass through the real queue, by name: `kinds` names the
-    members in the order they come ("guess..." a stream with a chain of 12 likely guesses, "unsure..." one
-    whose guesses are right 60% of the time, "plain..." a stream with none, "first..." a reply's prompt and
-    first token), each with an even ledger; `curve()` makes the queue's cost curve (which the pass's own
-    timing then joins); `batch_tokens`: the pass's budget, where not the service's; `likeliest`: a first
-    token's room goes to the likeliest guesses (False: an even share each)."""
+    members in the order they come ("guess..." a stream with a chain of 12 likely guesses, "plain..." a stream
+    with none, "first..." a reply's prompt and first token), each with an even ledger; `curve()` makes the
+    queue's cost curve (which the pass's own timing then joins); `batch_tokens`: the pass's budget, where
+    not the service's."""
     costs = curve()
     queue = DeviceQueue("share-test", costs=costs) if batch_tokens is None else \
         DeviceQueue("share-test", costs=costs, batch_tokens=batch_tokens, member_tokens=1)
     queue.fair = True  # as the service runs it
-    queue.likeliest_first = likeliest
     sessions, works = {}, {}
     for seed, name in enumerate(kinds):
-        if name.startswith("guess") or name.startswith("unsure"):
-            sessions[name], works[name] = guessing_stream(backend, costs, 0.99 if name.startswith("guess") else 0.6)
+        if name.startswith("guess"):
+            sessions[name], works[name] = guessing_stream(backend, costs)
             continue
         session = Session(backend, SamplingParams(), seed=seed + 2, limits=SessionLimits())
         session.start_generation(Generate(seq=1, committed_len=0, append=[4, 5, 6, 7]))
@@ -370,62 +367,6 @@ def test_a_first_tokens_room_is_shared_out_among_the_members_guesses(backend):
     guesses = [fed[f"guess{n}"] - 1 for n in range(1, 5)]
     assert sum(guesses) == 10 and min(guesses) >= 2, fed
 
-
-
-def test_a_first_tokens_room_goes_to_the_likeliest_guesses_of_all_the_members(backend):
-    """A stream whose guesses are right 99% of the time and two whose are right 60% share a pass with a reply's
-    first token, on a compute-bound curve where the first token's room has place for nine guesses: all nine go to
-    the sure stream (its ninth guess, kept 91% of the time, is likelier than the others' first), and the pass
-    expects more tokens for the same room. An even share each (planted: `likeliest_first` off) gave the sure
-    stream three and the unsure ones one each (their second, kept 36% of the time, did not pay), four of the
-    nine places unused: 4.1 tokens expected of the guesses against 8.6."""
-    costs = compute_bound()
-    kinds = ["guess", "unsure1", "unsure2", "first"]
-    fed = shared_pass_of(backend, kinds, compute_bound)
-    mandatory = 3 + 4  # a token each stream, the prompt's four
-    assert costs.seconds(sum(fed.values())) <= (1 + FIRST_TOKEN_ROOM) * costs.seconds(mandatory) + 1e-9, fed
-    assert fed["guess"] == 1 + 9 and fed["unsure1"] == fed["unsure2"] == 1, fed
-
-    even = shared_pass_of(backend, kinds, compute_bound, likeliest=False)
-
-    def expected(fed):  # tokens the pass expects its guesses to add
-        return sum(0.99 ** i for i in range(1, fed["guess"])) + sum(0.6 ** i for name in ("unsure1", "unsure2")
-                                                                      for i in range(1, fed[name]))
-    assert even["guess"] < 1 + 9 and expected(fed) > expected(even) + 1.0, (fed, even)
-
-
-def test_a_served_streams_pass_tells_the_queue_how_likely_its_guesses_are(backend):
-    """The pass a served stream queues (remote_verify/server_only.py wraps the session's) carries its guesses'
-    chances, as the session's own does: without them (planted: the wrapper dropping `chances`) the queue gave a
-    first token's room to nobody's guesses, and the emulated 70B at 32 users fell from 2.30x server-only's
-    aggregate to 1.74x."""
-    from remote_verify.server_only import stream_generation
-
-    session = Session(backend, SamplingParams(), seed=1, limits=SessionLimits())
-    request = Generate(seq=1, committed_len=0, append=[1, 2, 3], max_tokens=40)
-    session.start_generation(request)
-    session.generate_step()
-    drafts = StreamDrafts(seq=1)
-    drafts._accepted, drafts._tested = 80.0, 100.0
-    drafts.receive(Draft(seq=1, chain=1, start=len(session.committed), tokens=list(range(5, 17))))
-    queued = []
-
-    class Capture:  # the device queue, as far as the stream's first pass: taken, then failed
-        def stream(self, session_id, first, follow, deliver):
-            queued.append(first.chances())
-            deliver(None, RuntimeError("captured"), 0.0)
-
-    async def main():
-        async def send(frame):
-            pass
-        await stream_generation(session, request, Capture(), send, asyncio.Event(), drafts=drafts)
-
-    try:
-        with pytest.raises(RuntimeError, match="captured"):
-            asyncio.run(main())
-        assert queued == [pytest.approx([0.8 ** i for i in range(1, 13)])]
-    finally:
-        session.close()
 
 
 def flat() -> PassCosts:
