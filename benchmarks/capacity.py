@@ -299,30 +299,6 @@ def same_slowest(a: WaveRecord, b: WaveRecord) -> tuple[float, float, int, int] 
     return slowest(a), slowest(b), len({user for user, _ in common}), len(common)
 
 
-def same_reply_times(a: WaveRecord, b: WaveRecord) -> ReplyTimes | None:
-    """Each reply's whole time (request to last token, first token included) in a against b, on the replies
-    both finished under the full load (None: none in common). What a person waits for is the reply, and its
-    first token is a few tens of ms of it: this reads a mode's first tokens and every token after them at once,
-    on the same text. Left out of both: the first wave (every user's prompt at once) and each user's last
-    reply in either, which ends after the window, while the others have stopped asking: server-only's last
-    replies ran in a thinning service (the emulated 7B at 64 users: 2.16 s on average against 2.40 s for its
-    others), and read
-    against the same replies in the full service of a faster mode, which was further on by then, they made that
-    mode look up to 1.67x slower on them where it was 1.09x at most."""
-    ended = _last_replies(a) | _last_replies(b)
-    walls_b = {(user, k): wall for user, k, wall, _ in b.replies if k > 0 and (user, k) not in ended}
-    common = [(wall, walls_b[(user, k)]) for user, k, wall, _ in a.replies if (user, k) in walls_b]
-    if not common:
-        return None
-    times_a = [wall / a.time_scale for wall, _ in common]
-    times_b = [wall / b.time_scale for _, wall in common]
-    ratios = [x / y for x, y in zip(times_a, times_b) if y > 0]
-    return ReplyTimes(p99_s=percentile(times_a, 99), other_p99_s=percentile(times_b, 99), replies=len(common),
-                      interval=percentile_ratio_interval(times_a, times_b),
-                      slower=sum(ratio > 1.0 for ratio in ratios) / max(len(ratios), 1),
-                      worst=max(ratios, default=0.0))
-
-
 @dataclass
 class ReplyTimes:
     """`same_reply_times`: the p99 of a whole reply's seconds in each mode, how many replies, the range the ratio
@@ -335,6 +311,29 @@ class ReplyTimes:
     interval: tuple[float, float] | None
     slower: float
     worst: float
+
+
+def same_reply_times(a: WaveRecord, b: WaveRecord) -> ReplyTimes | None:
+    """Each reply's whole time (request to last token, first token included) in a against b, on the replies
+    both finished under the full load (None: none in common). What a person waits for is the reply, and its
+    first token is a few tens of ms of it: this reads a mode's first tokens and every token after them at once,
+    on the same text. Left out of both: the first wave (every user's prompt at once) and each user's last
+    reply in either, which ends after the window, while the others have stopped asking: server-only's last
+    replies ran in a thinning service (the emulated 7B at 64 users: 2.16 s on average against 2.40 s for its
+    others), and read against the same replies in the full service of a faster mode, which was further on by
+    then, they made that mode look up to 1.67x slower on them where it was 1.09x at most."""
+    ended = _last_replies(a) | _last_replies(b)
+    walls_b = {(user, k): wall for user, k, wall, _ in b.replies if k > 0 and (user, k) not in ended}
+    common = [(wall, walls_b[(user, k)]) for user, k, wall, _ in a.replies if (user, k) in walls_b]
+    if not common:
+        return None
+    times_a = [wall / a.time_scale for wall, _ in common]
+    times_b = [wall / b.time_scale for _, wall in common]
+    ratios = [x / y for x, y in zip(times_a, times_b) if y > 0]
+    return ReplyTimes(p99_s=percentile(times_a, 99), other_p99_s=percentile(times_b, 99), replies=len(common),
+                      interval=percentile_ratio_interval(times_a, times_b),
+                      slower=sum(ratio > 1.0 for ratio in ratios) / max(len(ratios), 1),
+                      worst=max(ratios, default=0.0))
 
 
 def _last_replies(record: WaveRecord) -> set[tuple[int, int]]:
